@@ -1,0 +1,160 @@
+"""Every error Narwhal answers with, and the one function that renders them.
+
+    NarwhalError                       (500 server_error; never raised on purpose)
+    ├── InvalidRequest                 400 invalid_request_error       outcome: invalid
+    │   ├── InvalidSamplingWidth       400 "Invalid sampling width"     (n, best_of > 1)
+    │   └── UnsupportedOption          400 audio / modality / tool requests
+    ├── ModelNotFound                  404 model_not_found              outcome: invalid
+    ├── RequestTooLarge                413 request_too_large            outcome: invalid
+    ├── CapacityRejected               429 rate_limit_exceeded          outcome: rejected
+    ├── TtftBudgetExceeded             429 ttft_budget_exceeded         outcome: refused
+    ├── PromptExceedsTtftBudget        429 prompt_exceeds_ttft_budget   outcome: refused
+    ├── UpstreamError                  502 upstream_error               outcome: upstream_error
+    ├── BackendUnavailable             503 backend_unavailable          outcome: unavailable
+    ├── RouterUnavailable              503 router_unavailable           outcome: unavailable
+    └── TerminalExpiry                 504 terminal_expiry              outcome: expired
+
+Each class knows its HTTP status, OpenAI `type` and `code`, the terminal outcome it
+is counted as, and its `Retry-After` (seconds, or None). The envelope is OpenAI's:
+`{"error": {"message", "type", "param", "code"}}` with a string (or null) `code`,
+never vLLM's integer one.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import msgspec
+
+_encoder = msgspec.json.Encoder()
+
+
+class NarwhalError(Exception):
+    status: ClassVar[int] = 500
+    error_type: ClassVar[str] = "server_error"
+    code: ClassVar[str | None] = None
+    outcome: ClassVar[str] = "upstream_error"
+    default_retry_after: ClassVar[int | None] = None
+
+    def __init__(
+        self, message: str, *, param: str | None = None, retry_after: int | None = None
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+        self.retry_after = retry_after if retry_after is not None else self.default_retry_after
+
+    def envelope(self) -> dict[str, dict[str, str | None]]:
+        return {
+            "error": {
+                "message": self.message,
+                "type": self.error_type,
+                "param": self.param,
+                "code": self.code,
+            }
+        }
+
+    def body(self) -> bytes:
+        """The JSON error envelope, as the response body."""
+        return _encoder.encode(self.envelope())
+
+    def sse_event(self) -> bytes:
+        """The envelope as one SSE event, for errors after the response headers went out."""
+        return b"data: " + self.body() + b"\n\n"
+
+    def headers(self) -> dict[str, str]:
+        if self.retry_after is None:
+            return {}
+        return {"Retry-After": str(self.retry_after)}
+
+
+class InvalidRequest(NarwhalError):
+    status = 400
+    error_type = "invalid_request_error"
+    outcome = "invalid"
+
+
+class InvalidSamplingWidth(InvalidRequest):
+    def __init__(self, param: str) -> None:
+        super().__init__("Invalid sampling width", param=param)
+
+
+class UnsupportedOption(InvalidRequest):
+    pass
+
+
+class ModelNotFound(InvalidRequest):
+    status = 404
+    code = "model_not_found"
+
+    def __init__(self, model: str) -> None:
+        super().__init__(
+            f"The model `{model}` does not exist or you do not have access to it.", param="model"
+        )
+
+
+class RequestTooLarge(InvalidRequest):
+    status = 413
+    code = "request_too_large"
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(
+            f"Request body exceeds the limit of {limit} bytes (serving.max_request_bytes)."
+        )
+
+
+class CapacityRejected(NarwhalError):
+    status = 429
+    error_type = "rate_limit_error"
+    code = "rate_limit_exceeded"
+    outcome = "rejected"
+    default_retry_after = 1
+
+    def __init__(self, message: str, *, reason: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+class TtftBudgetExceeded(NarwhalError):
+    status = 429
+    error_type = "rate_limit_error"
+    code = "ttft_budget_exceeded"
+    outcome = "refused"
+    default_retry_after = 1
+
+
+class PromptExceedsTtftBudget(NarwhalError):
+    status = 429
+    error_type = "invalid_request_error"
+    code = "prompt_exceeds_ttft_budget"
+    outcome = "refused"
+
+
+class UpstreamError(NarwhalError):
+    status = 502
+    error_type = "server_error"
+    code = "upstream_error"
+    outcome = "upstream_error"
+
+
+class BackendUnavailable(NarwhalError):
+    status = 503
+    error_type = "server_error"
+    code = "backend_unavailable"
+    outcome = "unavailable"
+    default_retry_after = 1
+
+
+class RouterUnavailable(NarwhalError):
+    status = 503
+    error_type = "server_error"
+    code = "router_unavailable"
+    outcome = "unavailable"
+    default_retry_after = 1
+
+
+class TerminalExpiry(NarwhalError):
+    status = 504
+    error_type = "timeout_error"
+    code = "terminal_expiry"
+    outcome = "expired"
