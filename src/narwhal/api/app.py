@@ -1,0 +1,49 @@
+"""The aiohttp application: routes and the middleware every response passes through."""
+
+from __future__ import annotations
+
+from aiohttp import web
+from aiohttp.typedefs import Handler
+
+from narwhal.api.completions import CompletionFront
+from narwhal.api.ops import OpsRoutes
+from narwhal.api.request_id import HEADER as REQUEST_ID_HEADER
+from narwhal.api.request_id import choose_request_id
+from narwhal.api.responses import error_response
+from narwhal.errors import InvalidRequest
+
+
+@web.middleware
+async def request_id_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Give every request an id and every response the X-Request-Id header.
+
+    aiohttp's own HTTP errors (unknown route, wrong method) become OpenAI envelopes too.
+    Streaming handlers set the header themselves, before their headers go out.
+    """
+    request_id = choose_request_id(request.headers.get(REQUEST_ID_HEADER))
+    request["request_id"] = request_id
+    try:
+        response = await handler(request)
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        error = InvalidRequest(f"{exc.reason}: {request.method} {request.path}")
+        response = error_response(error, request_id)
+        response.set_status(exc.status, exc.reason)
+        return response
+    if not response.prepared:
+        response.headers.setdefault(REQUEST_ID_HEADER, request_id)
+    return response
+
+
+def build_app(front: CompletionFront, ops: OpsRoutes) -> web.Application:
+    # Bodies are read by the completion front under serving.max_request_bytes; aiohttp's own
+    # limit applies only to request.read(), which Narwhal does not use.
+    app = web.Application(middlewares=[request_id_middleware])
+    app.router.add_post("/v1/chat/completions", front.chat)
+    app.router.add_post("/v1/completions", front.completions)
+    app.router.add_get("/v1/models", ops.models)
+    app.router.add_get("/health", ops.health)
+    app.router.add_get("/ready", ops.ready)
+    app.router.add_get("/metrics", ops.metrics)
+    return app

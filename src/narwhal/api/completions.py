@@ -1,0 +1,113 @@
+"""The completion routes' front: body limit, parsing, validation and the admission counters.
+
+Every request that reaches a completion route is offered exactly once and ends in exactly
+one terminal outcome, counted in `finally`, whichever way the handler leaves.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from collections.abc import Callable
+
+from aiohttp import web
+
+from narwhal.api.body import BodyIncomplete, read_limited_body
+from narwhal.api.request_id import HEADER as REQUEST_ID_HEADER
+from narwhal.api.responses import error_response
+from narwhal.api.service import ClientGone, CompletionService, RequestContext
+from narwhal.config import Config
+from narwhal.errors import InvalidRequest, NarwhalError, RouterUnavailable
+from narwhal.metrics import RouterMetrics
+from narwhal.protocol.requests import CompletionRequest, Route, parse_request
+from narwhal.state import RouterState
+
+TIMEOUT_HEADER = "X-Request-Timeout"
+
+Sizer = Callable[[CompletionRequest], int]
+
+
+class CompletionFront:
+    def __init__(
+        self,
+        config: Config,
+        metrics: RouterMetrics,
+        service: CompletionService,
+        sizer: Sizer,
+        state: RouterState,
+    ) -> None:
+        self._state = state
+        self._config = config
+        self._metrics = metrics
+        self._service = service
+        self._sizer = sizer
+
+    async def chat(self, request: web.Request) -> web.StreamResponse:
+        return await self._handle(request, "chat")
+
+    async def completions(self, request: web.Request) -> web.StreamResponse:
+        return await self._handle(request, "completion")
+
+    async def _handle(self, http: web.Request, route: Route) -> web.StreamResponse:
+        metrics = self._metrics
+        arrived = time.monotonic()
+        request_id: str = http["request_id"]
+        metrics.offered.inc()
+        outcome = "client_gone"
+        sized = False
+        try:
+            deadline = arrived + self._timeout(http)
+            raw = await read_limited_body(http, self._config.serving.max_request_bytes)
+            parsed = parse_request(raw, route, model=self._config.model)
+            reason = self._state.unavailable_reason()
+            if reason is not None:
+                raise RouterUnavailable(f"This router is not serving requests ({reason}).")
+            context = RequestContext(
+                request_id=request_id,
+                arrived=arrived,
+                deadline=deadline,
+                prompt_tokens=self._sizer(parsed),
+            )
+            sized = True
+            response, outcome = await self._service.serve(parsed, context, http)
+            return response
+        except NarwhalError as error:
+            outcome = error.outcome
+            if error.outcome == "invalid":
+                metrics.invalid_requests.inc()
+            return error_response(error, request_id)
+        except BodyIncomplete:
+            metrics.unsized_offered.inc()
+            if http.transport is None or http.transport.is_closing():
+                raise web.HTTPBadRequest() from None  # nobody to answer; outcome client_gone
+            outcome = "invalid"
+            metrics.invalid_requests.inc()
+            return error_response(InvalidRequest("The request body ended early."), request_id)
+        except (ClientGone, ConnectionError, asyncio.CancelledError):
+            outcome = "client_gone"
+            if not sized:
+                metrics.unsized_offered.inc()
+            raise
+        finally:
+            metrics.count_outcome(outcome)
+
+    def _timeout(self, http: web.Request) -> float:
+        """Seconds until the original deadline: the configured one, or shorter if asked."""
+        limit = self._config.serving.request_timeout_s
+        value = http.headers.get(TIMEOUT_HEADER)
+        if value is None:
+            return limit
+        try:
+            asked = float(value)
+        except ValueError:
+            asked = math.nan
+        if not math.isfinite(asked) or asked <= 0:
+            raise InvalidRequest(
+                f"{TIMEOUT_HEADER} must be a positive number of seconds, got {value!r}.",
+                param=TIMEOUT_HEADER,
+            )
+        return min(asked, limit)
+
+
+__all__ = ["REQUEST_ID_HEADER", "CompletionFront", "Sizer"]

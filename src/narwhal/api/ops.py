@@ -1,0 +1,53 @@
+"""Operations endpoints: /health, /ready, /metrics and /v1/models."""
+
+from __future__ import annotations
+
+import time
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST
+
+from narwhal.api.responses import json_response
+from narwhal.api.service import CompletionService
+from narwhal.metrics import RouterMetrics
+from narwhal.state import RouterState
+
+
+class OpsRoutes:
+    def __init__(
+        self, model: str, metrics: RouterMetrics, service: CompletionService, state: RouterState
+    ) -> None:
+        self._model = model
+        self._metrics = metrics
+        self._service = service
+        self._state = state
+        self._created = int(time.time())
+
+    async def health(self, request: web.Request) -> web.Response:
+        return json_response({"status": "ok"})
+
+    async def ready(self, request: web.Request) -> web.Response:
+        reason = self._state.unavailable_reason() or self._service.readiness()
+        if reason is not None:
+            return json_response({"ready": False, "reason": reason}, status=503)
+        return json_response({"ready": True, "role": "active", "revision": self._state.revision})
+
+    async def metrics(self, request: web.Request) -> web.Response:
+        response = web.Response(body=self._metrics.render())
+        response.headers["Content-Type"] = CONTENT_TYPE_LATEST
+        return response
+
+    async def models(self, request: web.Request) -> web.Response:
+        return json_response(
+            {
+                "object": "list",
+                "data": [
+                    {
+                        "id": self._model,
+                        "object": "model",
+                        "created": self._created,
+                        "owned_by": "narwhal",
+                    }
+                ],
+            }
+        )

@@ -1,0 +1,275 @@
+"""Narwhal's configuration: one frozen, typed tree read from YAML.
+
+Every default is declared once, on its field. Unknown keys are errors, and every error
+names the key by its dotted path and says what was expected, for example
+`admission.queue_limit: expected int >= 0, got "ten"`. Only reading the file is I/O here.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Annotated, Any, Literal
+from urllib.parse import urlsplit
+
+import msgspec
+import yaml
+from msgspec import Meta, Struct
+
+NonNegativeInt = Annotated[int, Meta(ge=0)]
+PositiveInt = Annotated[int, Meta(ge=1)]
+PositiveSeconds = Annotated[float, Meta(gt=0)]
+Port = Annotated[int, Meta(ge=0, le=65535)]
+Name = Annotated[str, Meta(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")]
+
+Dialect = Literal["vllm", "sglang", "openai"]
+Role = Literal["prefill", "decode", "both"]
+
+
+class ServingConfig(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    host: str = "127.0.0.1"
+    port: Port = 8000
+    max_request_bytes: PositiveInt = 1_048_576
+    max_retained: PositiveInt = 4096
+    request_timeout_s: PositiveSeconds = 600.0
+    admin_token: str | None = None
+    # How long admitted requests may run on after SIGTERM before the router exits.
+    drain_timeout_s: PositiveSeconds = 30.0
+
+
+class PhaseConcurrency(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    prefill: PositiveInt = 64
+    decode: PositiveInt = 1024
+
+
+class EnginePhaseConcurrency(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    """Per-engine slot limits; an absent limit leaves only the global one."""
+
+    prefill: PositiveInt | None = None
+    decode: PositiveInt | None = None
+
+
+class AdmissionConfig(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    mode: Literal["predictive", "open"] = "predictive"
+    ttft_target_s: PositiveSeconds = 2.0
+    queue_limit: NonNegativeInt = 1024
+    wait_timeout_s: PositiveSeconds = 30.0
+    phase_concurrency: PhaseConcurrency = PhaseConcurrency()
+
+
+class EngineConfig(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    name: Name
+    url: str
+    dialect: Dialect = "vllm"
+    role: Role = "both"
+    wave: NonNegativeInt | None = None
+    phase_concurrency: EnginePhaseConcurrency = EnginePhaseConcurrency()
+
+
+class FleetConfig(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    probe_interval_s: PositiveSeconds = 1.0
+    stale_after_s: PositiveSeconds = 5.0
+    probe_timeout_s: PositiveSeconds = 1.0
+    max_attempts: PositiveInt = 2
+
+
+class HAConfig(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    backend: Literal["none", "etcd"] = "none"
+    endpoints: tuple[str, ...] = ()
+    key: str = "/narwhal/leader"
+    lease_ttl_s: PositiveSeconds = 10.0
+
+
+class Config(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    model: Annotated[str, Meta(min_length=1)]
+    engines: tuple[EngineConfig, ...]
+    serving: ServingConfig = ServingConfig()
+    admission: AdmissionConfig = AdmissionConfig()
+    tokenizer: str | None = None
+    fleet: FleetConfig = FleetConfig()
+    ha: HAConfig = HAConfig()
+
+
+class ConfigError(ValueError):
+    """A configuration that cannot be used; str() names the key and the reason."""
+
+
+def load_config(path: str) -> Config:
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except OSError as e:
+        raise ConfigError(f"{path}: cannot read: {e.strerror}") from e
+    return parse_config(text)
+
+
+def parse_config(text: str) -> Config:
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise ConfigError(f"invalid YAML: {e}") from e
+    return config_from_mapping(raw)
+
+
+def config_from_mapping(raw: object) -> Config:
+    if not isinstance(raw, dict):
+        raise ConfigError("the configuration must be a mapping of keys (model, engines, ...)")
+    try:
+        config = msgspec.convert(raw, Config, strict=True)
+    except msgspec.ValidationError as e:
+        raise ConfigError(_explain(e, raw)) from None
+    _check_combinations(config)
+    return config
+
+
+def config_to_builtins(config: Config) -> dict[str, Any]:
+    result: dict[str, Any] = msgspec.to_builtins(config)
+    return result
+
+
+def _check_combinations(config: Config) -> None:
+    """Refuse what types cannot express: duplicate names, bad URLs, a half PD fleet."""
+    seen: set[str] = set()
+    for i, engine in enumerate(config.engines):
+        if engine.name in seen:
+            raise ConfigError(f"engines.{i}.name: duplicate engine name {json.dumps(engine.name)}")
+        seen.add(engine.name)
+        url = urlsplit(engine.url)
+        if url.scheme not in ("http", "https") or not url.hostname:
+            raise ConfigError(
+                f"engines.{i}.url: expected an http:// or https:// URL, "
+                f"got {json.dumps(engine.url)}"
+            )
+    roles = {engine.role for engine in config.engines}
+    if "prefill" in roles and "decode" not in roles:
+        raise ConfigError("engines: prefill engines need at least one decode engine")
+    if "decode" in roles and "prefill" not in roles:
+        raise ConfigError("engines: decode engines need at least one prefill engine")
+    if config.fleet.stale_after_s < config.fleet.probe_interval_s:
+        raise ConfigError(
+            "fleet.stale_after_s: must be at least fleet.probe_interval_s "
+            f"({config.fleet.probe_interval_s}), got {config.fleet.stale_after_s}"
+        )
+    if config.ha.backend == "etcd" and not config.ha.endpoints:
+        raise ConfigError("ha.endpoints: required when ha.backend is etcd")
+
+
+# --- turning msgspec's validation errors into messages that name the key --------------------
+
+
+def _explain(error: msgspec.ValidationError, raw: object) -> str:
+    message = str(error)
+    text, _, where = message.partition(" - at `$")
+    path = _parse_path(where.rstrip("`")) if where else []
+    dotted = ".".join(str(p) for p in path)
+    if text.startswith("Object contains unknown field"):
+        key = text.split("`")[1]
+        full = f"{dotted}.{key}" if dotted else key
+        allowed = _field_names(path)
+        hint = f" (expected one of: {', '.join(allowed)})" if allowed else ""
+        return f"{full}: unknown key{hint}"
+    if text.startswith("Object missing required field"):
+        key = text.split("`")[1]
+        full = f"{dotted}.{key}" if dotted else key
+        return f"{full}: required key missing"
+    expected = _describe(_type_at(path))
+    got = _lookup(raw, path)
+    return f"{dotted or '(top level)'}: expected {expected}, got {_show(got)}"
+
+
+def _parse_path(where: str) -> list[str | int]:
+    """`.admission.queue_limit` or `.engines[0].url` -> ["admission", "queue_limit"] etc."""
+    parts: list[str | int] = []
+    for piece in where.replace("[", ".[").split("."):
+        if not piece:
+            continue
+        if piece.startswith("[") and piece.endswith("]"):
+            parts.append(int(piece[1:-1]))
+        else:
+            parts.append(piece)
+    return parts
+
+
+def _type_at(path: Sequence[str | int]) -> msgspec.inspect.Type:
+    node: msgspec.inspect.Type = msgspec.inspect.type_info(Config)
+    for part in path:
+        node = _unwrap(node)
+        if isinstance(node, msgspec.inspect.StructType) and isinstance(part, str):
+            fields = {f.encode_name: f.type for f in node.fields}
+            node = fields.get(part, msgspec.inspect.AnyType())
+        elif isinstance(node, msgspec.inspect.VarTupleType | msgspec.inspect.ListType):
+            node = node.item_type
+        else:
+            return msgspec.inspect.AnyType()
+    return node
+
+
+def _unwrap(node: msgspec.inspect.Type) -> msgspec.inspect.Type:
+    if isinstance(node, msgspec.inspect.UnionType):
+        rest = [t for t in node.types if not isinstance(t, msgspec.inspect.NoneType)]
+        if len(rest) == 1:
+            return rest[0]
+    return node
+
+
+def _field_names(path: Sequence[str | int]) -> list[str]:
+    node = _unwrap(_type_at(path))
+    if isinstance(node, msgspec.inspect.StructType):
+        return [f.encode_name for f in node.fields]
+    return []
+
+
+def _describe(node: msgspec.inspect.Type) -> str:
+    if isinstance(node, msgspec.inspect.UnionType):
+        parts = [_describe(t) for t in node.types]
+        return " or ".join(parts)
+    if isinstance(node, msgspec.inspect.NoneType):
+        return "null"
+    if isinstance(node, msgspec.inspect.BoolType):
+        return "true or false"
+    if isinstance(node, msgspec.inspect.IntType):
+        return "int" + _bounds(node.ge, node.gt, node.le, node.lt)
+    if isinstance(node, msgspec.inspect.FloatType):
+        return "number" + _bounds(node.ge, node.gt, node.le, node.lt)
+    if isinstance(node, msgspec.inspect.StrType):
+        return "string" + (f" of at least {node.min_length} chars" if node.min_length else "")
+    if isinstance(node, msgspec.inspect.LiteralType):
+        return "one of " + ", ".join(json.dumps(v) for v in node.values)
+    if isinstance(node, msgspec.inspect.StructType):
+        return "a mapping"
+    if isinstance(node, msgspec.inspect.VarTupleType | msgspec.inspect.ListType):
+        return "a list"
+    return "a valid value"
+
+
+def _bounds(ge: float | None, gt: float | None, le: float | None, lt: float | None) -> str:
+    parts = []
+    if ge is not None:
+        parts.append(f">= {ge}")
+    if gt is not None:
+        parts.append(f"> {gt}")
+    if le is not None:
+        parts.append(f"<= {le}")
+    if lt is not None:
+        parts.append(f"< {lt}")
+    return (" " + " and ".join(parts)) if parts else ""
+
+
+def _lookup(raw: object, path: Sequence[str | int]) -> object:
+    node = raw
+    for part in path:
+        if isinstance(node, dict) and part in node:
+            node = node[part]
+        elif isinstance(node, list) and isinstance(part, int) and part < len(node):
+            node = node[part]
+        else:
+            return None
+    return node
+
+
+def _show(value: object) -> str:
+    if isinstance(value, dict):
+        return "a mapping"
+    if isinstance(value, list):
+        return "a list"
+    return json.dumps(value, default=str)

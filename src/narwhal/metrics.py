@@ -1,0 +1,105 @@
+"""The router's Prometheus metrics, on a registry of their own (no global state).
+
+Names follow DESIGN.md section 3. Label values come from configuration or from fixed
+sets declared here, never from client input, so the number of series stays bounded.
+Every series of a fixed label set is created at start, so a dashboard sees zeros
+rather than missing series.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+OUTCOMES = (
+    "completed",
+    "invalid",
+    "rejected",
+    "refused",
+    "expired",
+    "unavailable",
+    "upstream_error",
+    "client_gone",
+)
+REJECT_REASONS = ("retention", "queue")
+REFUSE_REASONS = ("ttft_budget", "prompt_exceeds_budget")
+EXPIRY_STAGES = ("admission_wait", "deadline_before_headers", "deadline_streaming")
+
+_LATENCY_BUCKETS = (
+    0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75,
+    1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0,
+)  # fmt: skip
+_TPOT_BUCKETS = (
+    0.001, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.04, 0.05,
+    0.075, 0.1, 0.2, 0.3, 0.5, 1.0, 2.5,
+)  # fmt: skip
+
+
+class RouterMetrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.offered = Counter(
+            "narwhal_offered", "Requests that reached a completion route.", registry=r
+        )
+        self.unsized_offered = Counter(
+            "narwhal_unsized_offered",
+            "Offered requests whose body ended before workload sizing.",
+            registry=r,
+        )
+        self.invalid_requests = Counter(
+            "narwhal_invalid_requests", "Requests refused for a malformed body.", registry=r
+        )
+        self.rejected = Counter(
+            "narwhal_rejected", "Capacity rejections (429).", ["reason"], registry=r
+        )
+        self.refused = Counter(
+            "narwhal_refused", "Predictive refusals (429).", ["reason"], registry=r
+        )
+        self.expired = Counter(
+            "narwhal_expired", "Requests ended by a deadline (504).", ["stage"], registry=r
+        )
+        self.outcomes = Counter(
+            "narwhal_outcomes",
+            "Terminal outcome of every offered request.",
+            ["outcome"],
+            registry=r,
+        )
+        self.ttft = Histogram(
+            "narwhal_ttft_seconds",
+            "Time from arrival to the first output token, by engine.",
+            ["engine"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.tpot = Histogram(
+            "narwhal_tpot_seconds",
+            "Time per output token after the first, from validated token ids, by engine.",
+            ["engine"],
+            buckets=_TPOT_BUCKETS,
+            registry=r,
+        )
+        self.output_tokens = Counter(
+            "narwhal_output_tokens",
+            "Output tokens relayed, by engine and how they were counted.",
+            ["engine", "source"],
+            registry=r,
+        )
+        self.retained = Gauge(
+            "narwhal_retained_requests", "Requests the router holds right now.", registry=r
+        )
+        for outcome in OUTCOMES:
+            self.outcomes.labels(outcome)
+        for reason in REJECT_REASONS:
+            self.rejected.labels(reason)
+        for reason in REFUSE_REASONS:
+            self.refused.labels(reason)
+        for stage in EXPIRY_STAGES:
+            self.expired.labels(stage)
+        # Resolved once: label lookups take a lock and a dict probe on every call.
+        self._outcome_children = {o: self.outcomes.labels(o) for o in OUTCOMES}
+
+    def count_outcome(self, outcome: str) -> None:
+        self._outcome_children[outcome].inc()
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

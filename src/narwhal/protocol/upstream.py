@@ -1,0 +1,52 @@
+"""Shaping the engine request from a validated client request (sans-IO).
+
+Token-ID engines are always asked for a stream with per-event token ids and a usage
+event, whatever the client asked (DESIGN.md section 4); the relay later removes what the
+client did not ask for. Engines of the generic `openai` dialect get none of vLLM's own
+fields, since some such servers answer 422 to unknown fields (PROTOCOL.md section 6.3).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from narwhal.protocol.requests import CompletionRequest
+
+Dialect = Literal["vllm", "sglang", "openai"]
+
+# vLLM-only request fields a generic OpenAI-compatible server may reject.
+VLLM_ONLY_FIELDS = ("return_token_ids", "stream_interval", "kv_transfer_params")
+
+
+def supplies_token_ids(dialect: Dialect, route: str) -> bool:
+    """Whether the engine gives validated per-event token ids on this route.
+
+    SGLang streams per-event ids only on /v1/completions; for streamed chat it sends them
+    all at the end, which gives no per-token timing (PROTOCOL.md section 6.1).
+    """
+    if dialect == "vllm":
+        return True
+    return dialect == "sglang" and route == "completion"
+
+
+def upstream_body(request: CompletionRequest, dialect: Dialect) -> dict[str, Any]:
+    body = dict(request.body)
+    body["stream"] = True
+    stream_options: dict[str, Any] = {"include_usage": True}
+    if request.continuous_usage:
+        stream_options["continuous_usage_stats"] = True
+    body["stream_options"] = stream_options
+    if dialect == "vllm":
+        body["return_token_ids"] = True
+        body["stream_interval"] = 1
+    elif dialect == "sglang":
+        body.pop("stream_interval", None)
+        if request.route == "completion":
+            body["return_token_ids"] = True
+        else:
+            # SGLang rejects return_token_ids on streamed chat (400).
+            body.pop("return_token_ids", None)
+    else:
+        for field in VLLM_ONLY_FIELDS:
+            body.pop(field, None)
+    return body

@@ -1,0 +1,87 @@
+"""`narwhal serve`: run the router, from a configuration file or the embedded default."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import signal
+import sys
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+from aiohttp import web
+
+from narwhal.config import Config, ConfigError, load_config
+from narwhal.router import Router
+
+EMBEDDED_MODEL = "narwhal-sim"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", help="YAML configuration (default: the embedded default)")
+    parser.add_argument("--host", help="override serving.host")
+    parser.add_argument("--port", type=int, help="override serving.port (0: any free port)")
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        config = load_config(args.config) if args.config else embedded_config()
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    overrides: dict[str, Any] = {}
+    if args.host is not None:
+        overrides["host"] = args.host
+    if args.port is not None:
+        overrides["port"] = args.port
+    if overrides:
+        import msgspec
+
+        config = msgspec.structs.replace(
+            config, serving=msgspec.structs.replace(config.serving, **overrides)
+        )
+    run_event_loop(lambda: serve_forever(config))
+    return 0
+
+
+def embedded_config() -> Config:
+    """The embedded default: a router on loopback with no engines yet."""
+    return Config(model=EMBEDDED_MODEL, engines=())
+
+
+def run_event_loop(main: Callable[[], Coroutine[Any, Any, None]]) -> None:
+    try:
+        import uvloop
+    except ImportError:  # pragma: no cover - platforms without uvloop
+        asyncio.run(main())
+        return
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        runner.run(main())
+
+
+async def serve_forever(config: Config) -> None:
+    router = Router(config)
+    # handler_cancellation: a client that disconnects cancels its handler at once, so the
+    # upstream request is cancelled too instead of running on for nobody.
+    runner = web.AppRunner(router.app, handler_cancellation=True, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, config.serving.host, config.serving.port, backlog=4096)
+    await site.start()
+    port = _bound_port(runner)
+    print(f"narwhal listening on http://{config.serving.host}:{port}", flush=True)
+
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    router.state.set_unavailable("shutting_down")
+    await runner.shutdown()
+    await runner.cleanup()
+
+
+def _bound_port(runner: web.AppRunner) -> int:
+    for address in runner.addresses:
+        if isinstance(address, tuple):
+            return int(address[1])
+    raise RuntimeError("the router is not bound to a TCP port")

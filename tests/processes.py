@@ -1,0 +1,99 @@
+"""Start `narwhal` subcommands as real processes on ephemeral loopback ports, for tests."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+import yaml
+
+_URL = re.compile(rb"listening on (http://\S+)")
+
+
+class NarwhalProcess:
+    def __init__(self, proc: subprocess.Popen[bytes], url: str, reader: threading.Thread) -> None:
+        self.proc = proc
+        self._reader = reader
+        self.url = url
+        self.pid = proc.pid
+
+    def terminate(self, timeout: float = 15.0) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self._reader.join(5)
+        if self.proc.stdout is not None:
+            self.proc.stdout.close()
+        return self.proc.returncode
+
+
+def _drain(stream: Any) -> None:
+    for _ in iter(stream.readline, b""):
+        pass
+
+
+@contextmanager
+def narwhal_process(args: Sequence[str], startup_timeout: float = 30.0) -> Iterator[NarwhalProcess]:
+    """Run `python -m narwhal ARGS`, wait for its 'listening on URL' line, stop it afterwards."""
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "narwhal", *args],
+        stdout=subprocess.PIPE,
+        stderr=None,
+        env=env,
+    )
+    assert proc.stdout is not None
+    url = None
+    deadline = time.monotonic() + startup_timeout
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if not line:
+            break
+        match = _URL.search(line)
+        if match:
+            url = match.group(1).decode()
+            break
+    if url is None:
+        proc.kill()
+        proc.wait()
+        proc.stdout.close()
+        raise RuntimeError(f"narwhal {' '.join(args)} did not start (exit {proc.returncode})")
+    # Keep reading stdout so the child never blocks on a full pipe.
+    reader = threading.Thread(target=_drain, args=(proc.stdout,), daemon=True)
+    reader.start()
+    process = NarwhalProcess(proc, url, reader)
+    try:
+        yield process
+    finally:
+        process.terminate()
+
+
+@contextmanager
+def router_process(config: dict[str, Any], *extra: str) -> Iterator[NarwhalProcess]:
+    """A router from a configuration mapping, on an ephemeral port."""
+    config = dict(config)
+    serving = dict(config.get("serving", {}))
+    serving.setdefault("host", "127.0.0.1")
+    serving.setdefault("port", 0)
+    config["serving"] = serving
+    with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as f:
+        yaml.safe_dump(config, f)
+        path = f.name
+    try:
+        with narwhal_process(["serve", "--config", path, *extra]) as process:
+            yield process
+    finally:
+        os.unlink(path)
