@@ -1,0 +1,117 @@
+"""Configuration: defaults, errors that name the key, and `narwhal check-config`."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from narwhal.config import ConfigError, parse_config
+
+MINIMAL = "model: m\nengines: []\n"
+
+
+def test_defaults_for_every_optional_key() -> None:
+    config = parse_config(MINIMAL)
+    assert config.serving.port == 8000
+    assert config.serving.max_request_bytes == 1_048_576
+    assert config.admission.mode == "predictive"
+    assert config.admission.phase_concurrency.prefill == 64
+    assert config.fleet.max_attempts == 2
+    assert config.ha.backend == "none"
+    assert config.tokenizer is None
+
+
+def test_engines_and_fractional_durations() -> None:
+    config = parse_config(
+        "model: m\n"
+        "engines:\n"
+        "  - {name: p0, url: 'http://127.0.0.1:8101', role: prefill, wave: 1}\n"
+        "  - {name: d0, url: 'http://127.0.0.1:8201', role: decode, dialect: sglang,\n"
+        "     phase_concurrency: {decode: 8}}\n"
+        "admission: {wait_timeout_s: 0.25, ttft_target_s: 0.5}\n"
+        "serving: {request_timeout_s: 600}\n"
+    )
+    assert [e.role for e in config.engines] == ["prefill", "decode"]
+    assert config.engines[1].phase_concurrency.decode == 8
+    assert config.engines[1].phase_concurrency.prefill is None
+    assert config.admission.wait_timeout_s == 0.25
+    assert config.serving.request_timeout_s == 600.0
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        (
+            MINIMAL + "admission:\n  queue_limit: ten\n",
+            'admission.queue_limit: expected int >= 0, got "ten"',
+        ),
+        (
+            MINIMAL + "admission:\n  queue_limit: -1\n",
+            "admission.queue_limit: expected int >= 0, got -1",
+        ),
+        (MINIMAL + "admision: {}\n", "admision: unknown key"),
+        (MINIMAL + "serving: {prot: 1}\n", "serving.prot: unknown key"),
+        ("engines: []\n", "model: required key missing"),
+        ("model: m\n", "engines: required key missing"),
+        (MINIMAL + "admission: {mode: closed}\n", "admission.mode: expected one of"),
+        ("model: m\nengines: [{name: a, url: 'ftp://x'}]\n", "engines.0.url: expected an http"),
+        (
+            "model: m\nengines: [{name: a, url: 'http://x:1'}, {name: a, url: 'http://y:1'}]\n",
+            "engines.1.name: duplicate",
+        ),
+        (
+            "model: m\nengines: [{name: a, url: 'http://x:1', wave: one}]\n",
+            'engines.0.wave: expected int >= 0 or null, got "one"',
+        ),
+        (
+            "model: m\nengines: [{name: p, url: 'http://x:1', role: prefill}]\n",
+            "prefill engines need at least one decode engine",
+        ),
+        (MINIMAL + "fleet: {probe_interval_s: 0}\n", "fleet.probe_interval_s: expected number > 0"),
+        (MINIMAL + "fleet: {probe_interval_s: 2, stale_after_s: 1}\n", "fleet.stale_after_s"),
+        ("- a\n- b\n", "must be a mapping"),
+        ("model: [\n", "invalid YAML"),
+    ],
+)
+def test_errors_name_the_key_and_the_reason(text: str, message: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        parse_config(text)
+    assert message in str(info.value)
+
+
+def _check_config(path: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "narwhal", "check-config", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def test_check_config_exits_2_naming_the_bad_key(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(MINIMAL + "admission:\n  queue_limit: ten\n")
+    result = _check_config(bad)
+    assert result.returncode == 2
+    assert 'admission.queue_limit: expected int >= 0, got "ten"' in result.stderr
+
+
+def test_check_config_prints_the_effective_configuration(tmp_path: Path) -> None:
+    good = tmp_path / "good.yaml"
+    good.write_text(MINIMAL + "admission: {queue_limit: 10}\n")
+    result = _check_config(good)
+    assert result.returncode == 0, result.stderr
+    effective = yaml.safe_load(result.stdout)
+    assert effective["admission"]["queue_limit"] == 10
+    assert effective["admission"]["wait_timeout_s"] == 30.0  # a default, made explicit
+    assert effective["serving"]["max_retained"] == 4096
+
+
+def test_check_config_missing_file(tmp_path: Path) -> None:
+    result = _check_config(tmp_path / "absent.yaml")
+    assert result.returncode == 2
+    assert "cannot read" in result.stderr
