@@ -1,0 +1,115 @@
+"""What a streaming client may see of the engine's events.
+
+Narwhal asks token-ID engines for more than the client did (DESIGN.md §4: always
+`return_token_ids`, `stream_interval: 1` and `stream_options.include_usage`), so the
+relay removes what the client did not ask for (seed, "Streaming responses": Narwhal
+"forwards streaming delta fields in the engine's response shape, applying its
+token-ID exposure rules"; "Clients requesting return_token_ids receive the IDs").
+
+The rules remove keys or whole events and nothing else: no field is added, renamed
+or reordered, so an event that loses nothing can go out as the engine's own bytes
+(`Exposed.UNCHANGED`).
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True, slots=True)
+class Exposure:
+    """What the client asked to see."""
+
+    token_ids: bool
+    """The client asked `return_token_ids`."""
+    usage: bool
+    """The client asked `stream_options.include_usage` (streaming only: non-streaming
+    responses always carry usage)."""
+    continuous_usage: bool
+    """The client asked `stream_options.continuous_usage_stats`."""
+
+
+class Exposed(enum.Enum):
+    """What `apply_exposure` did to an event."""
+
+    UNCHANGED = "unchanged"  # forward the engine's raw bytes
+    CHANGED = "changed"  # re-encode the event
+    DROPPED = "dropped"  # send nothing
+
+
+def needs_rewrite(exposure: Exposure) -> bool:
+    """False when no rule can ever remove anything, so every event can be forwarded as
+    the engine's raw bytes without looking at it.
+
+    Even when this is True most events may come back `UNCHANGED` (a client that asked
+    for IDs and usage but not continuous usage loses only usage on mid-stream chunks,
+    which engines do not send unless forced), so the relay should use
+    `apply_exposure`'s verdict rather than re-encode every event.
+    """
+    return not (exposure.token_ids and exposure.usage and exposure.continuous_usage)
+
+
+def expose_event(event: dict[str, Any], exposure: Exposure) -> dict[str, Any] | None:
+    """Apply the exposure rules in place; the event, or None when it must be dropped."""
+    return None if apply_exposure(event, exposure) is Exposed.DROPPED else event
+
+
+def apply_exposure(event: dict[str, Any], exposure: Exposure) -> Exposed:
+    """Apply the exposure rules to `event` in place and say what happened.
+
+    - Without token_ids: drop top-level `prompt_token_ids`, the per-choice ID lists
+      (vLLM's `token_ids`/`prompt_token_ids`, PROTOCOL.md §1.2, §1.3; SGLang's
+      non-streaming `response_token_ids`, §6.1) and SGLang's `sglext` ID chunk (§6.1).
+    - Without usage: drop the `usage` key everywhere (the finishing chunk of
+      openai-dialect engines, continuous stats, OpenAI's `"usage": null`).
+    - With usage but not continuous usage: drop non-null usage except on the final
+      usage carrier: a `choices: []` chunk (vLLM, PROTOCOL.md §2.2) or a chunk whose
+      every choice has finished (transformers serve, §6.3).
+    - An event left with no choices and no usage after a removal is dropped whole
+      (the usage-only chunk, the sglext chunk).
+    """
+    changed = False
+    choices = event.get("choices")
+    if not exposure.token_ids:
+        if "prompt_token_ids" in event:
+            del event["prompt_token_ids"]
+            changed = True
+        if "sglext" in event:
+            del event["sglext"]
+            changed = True
+        if type(choices) is list:
+            for choice in choices:
+                if type(choice) is dict:
+                    if "token_ids" in choice:
+                        del choice["token_ids"]
+                        changed = True
+                    if "prompt_token_ids" in choice:
+                        del choice["prompt_token_ids"]
+                        changed = True
+                    if "response_token_ids" in choice:
+                        del choice["response_token_ids"]
+                        changed = True
+    if "usage" in event and _hide_usage(event["usage"], choices, exposure):
+        del event["usage"]
+        changed = True
+    if not changed:
+        return Exposed.UNCHANGED
+    if not choices and event.get("usage") is None and "error" not in event:
+        return Exposed.DROPPED
+    return Exposed.CHANGED
+
+
+def _hide_usage(usage: Any, choices: Any, exposure: Exposure) -> bool:
+    if not exposure.usage:
+        return True
+    if exposure.continuous_usage or usage is None:
+        # OpenAI's `"usage": null` on every chunk is what include_usage looks like there.
+        return False
+    if not choices or type(choices) is not list:
+        return False  # the usage-only chunk
+    for choice in choices:
+        if type(choice) is not dict or choice.get("finish_reason") is None:
+            return True  # a running choice: continuous stats
+    return False  # the finishing chunk carries the final usage

@@ -1,0 +1,224 @@
+"""Incremental Server-Sent Events decoder: bytes in, events out, no I/O.
+
+Follows the WHATWG HTML "event stream" parsing rules (§9.2.6 "Interpreting an
+event stream"):
+
+- a line ends at CRLF, LF or CR; a CR at the end of one chunk and an LF at the start
+  of the next are ONE line end (`_skip_lf`);
+- a leading UTF-8 BOM is dropped, even when it arrives split;
+- a line starting with ":" is a comment (vLLM's `: keep-alive`, PROTOCOL.md §2.1);
+- `data:` lines of one event join with "\\n"; `event:` names the event (SGLang's
+  `event: sglext_ids`, PROTOCOL.md §6.1); `id:` sets the last event ID, which persists;
+  `retry:` and unknown fields are ignored (Narwhal never reconnects a stream);
+- a blank line dispatches the event, unless no `data:` line came (then nothing is
+  dispatched and the event name resets);
+- at end of stream an unterminated event is discarded: `close()` returns nothing
+  for it, and `pending` tells the caller that the stream was cut mid-event.
+
+Each event keeps `raw`, the exact bytes of its block as received (its field lines
+up to and including the blank line), so that a relay can forward an event it did not
+change byte for byte. Bytes that belong to no event are not in any `raw`: blocks
+that dispatch nothing (comments, keep-alives, stray blank lines), a leading BOM,
+and the LF of a CRLF whose CR already ended an event in the previous chunk. Every
+`raw` decodes on its own to the same event.
+
+Fast path: vLLM writes whole `data: {...}\\n\\n` events, often several per read
+(PROTOCOL.md §2.1). At a block start, a `data: ` line followed directly by a blank
+LF line is sliced out with one `find`; everything else (CR line ends, several
+lines, other fields) goes through the general line parser.
+"""
+
+from __future__ import annotations
+
+from typing import Final, NamedTuple
+
+_BOM: Final = b"\xef\xbb\xbf"
+_LF: Final = 0x0A
+_CR: Final = 0x0D
+_COLON: Final = 0x3A
+_DONE: Final = b"[DONE]"
+_NOTHING: Final = b""  # the empty buffer (a bytearray only while bytes are pending)
+
+
+class SSEEvent(NamedTuple):
+    """One dispatched event."""
+
+    data: bytes
+    """The `data:` lines joined with b"\\n"."""
+    event: str | None
+    """The `event:` field, or None for a plain ("message") event."""
+    raw: bytes
+    """The event's exact bytes as received, including the terminating blank line."""
+    id: str | None = None
+    """The last event ID seen so far in the stream (it persists across events)."""
+
+
+def is_done(event: SSEEvent) -> bool:
+    """The OpenAI-style end of stream, `data: [DONE]` (PROTOCOL.md §2.1). Some engines
+    never send it (transformers serve, §6.3); the caller decides what a missing one means."""
+    return event.data == _DONE
+
+
+def format_event(data: bytes, event: str | None = None) -> bytes:
+    """Frame `data` as one SSE event (the inverse of the decoder, for rewritten events).
+    For a re-encoded JSON event `events.encode_sse_event` does both steps faster."""
+    head = b"event: " + event.encode() + b"\n" if event else b""
+    # (`find` beats `in` on bytes by 2x in CPython 3.11; this runs per rewritten event.)
+    if data.find(b"\n") != -1 or data.find(b"\r") != -1:
+        lines = data.replace(b"\r\n", b"\n").replace(b"\r", b"\n").split(b"\n")
+        return head + b"".join(b"data: " + line + b"\n" for line in lines) + b"\n"
+    return head + b"data: " + data + b"\n\n"
+
+
+class SSEDecoder:
+    """Feed bytes split anywhere; get the events they complete, in order."""
+
+    __slots__ = ("_bom", "_buf", "_data", "_event", "_last_id", "_pos", "_skip_lf")
+
+    def __init__(self) -> None:
+        # The unfinished block, from its first byte (kept whole for `raw`).
+        self._buf: bytes | bytearray = _NOTHING
+        # How many bytes of `_buf` were already parsed as complete lines.
+        self._pos = 0
+        # The last line ended with a CR at the end of the input: an LF next is its tail.
+        self._skip_lf = False
+        # Bytes of a possible BOM seen at the stream start; None once past the start.
+        self._bom: bytes | None = b""
+        # The current block's data lines (None: no data line yet) and event name.
+        self._data: list[bytes] | None = None
+        self._event: str | None = None
+        self._last_id: str | None = None
+
+    @property
+    def pending(self) -> bool:
+        """Bytes arrived that no complete event or blank line has consumed yet. After
+        the last `feed`, True means the stream ended inside an event (truncated)."""
+        return bool(self._buf) or bool(self._bom)
+
+    def feed(self, chunk: bytes) -> list[SSEEvent]:
+        """Take the next bytes of the stream; return the events they complete."""
+        if self._bom is not None:
+            chunk = self._strip_bom(chunk)
+        if not chunk:
+            return []
+        if self._buf:
+            if chunk.find(b"\n") == -1 and chunk.find(b"\r") == -1:
+                # No line can end in this chunk: keep it and stay linear when the
+                # stream arrives a byte at a time.
+                self._buf += chunk
+                self._skip_lf = False
+                return []
+            self._buf += chunk
+            work = bytes(self._buf)
+        else:
+            work = chunk
+        return self._parse(work)
+
+    def close(self) -> list[SSEEvent]:
+        """End of stream. An unterminated event is discarded, as the SSE rules say; check
+        `pending` to tell a truncated stream from a clean end."""
+        return []
+
+    def _strip_bom(self, chunk: bytes) -> bytes:
+        seen = self._bom + chunk if self._bom else chunk
+        if len(seen) < len(_BOM) and _BOM.startswith(seen):
+            self._bom = seen  # maybe a BOM still arriving
+            return b""
+        self._bom = None
+        return seen[len(_BOM) :] if seen.startswith(_BOM) else seen
+
+    def _parse(self, work: bytes) -> list[SSEEvent]:
+        events: list[SSEEvent] = []
+        append = events.append
+        find = work.find
+        n = len(work)
+        start = 0  # first byte of the current block
+        pos = self._pos  # first byte not yet parsed
+        if self._skip_lf:
+            self._skip_lf = False
+            if work[pos] == _LF:
+                pos += 1
+                if start == pos - 1:  # the CR ended a whole block: the LF is no one's
+                    start = pos
+        cr = find(b"\r", pos)
+        limit = n if cr == -1 else cr  # no line before it ends at a CR
+        while pos < n:
+            if cr != -1 and cr < pos:
+                cr = find(b"\r", pos)
+                limit = n if cr == -1 else cr
+            if pos == start:
+                # The common case, as tight as it goes: whole `data: ...` lines each
+                # followed by a blank LF line, all before any CR.
+                last_id = self._last_id
+                while True:
+                    lf = find(b"\n", pos, limit)
+                    if (
+                        lf == -1
+                        or lf + 1 >= limit
+                        or work[lf + 1] != _LF
+                        or not work.startswith(b"data: ", pos)
+                    ):
+                        break
+                    append(_new(SSEEvent, (work[pos + 6 : lf], None, work[pos : lf + 2], last_id)))
+                    pos = lf + 2
+                start = pos
+                if pos >= n:
+                    break
+            # The general case: parse one line, whatever ends it.
+            lf = find(b"\n", pos, limit)
+            if lf != -1:
+                end = lf
+                nxt = lf + 1
+            elif cr != -1:
+                end = cr
+                if cr + 1 < n:
+                    nxt = cr + 2 if work[cr + 1] == _LF else cr + 1
+                else:
+                    nxt = n
+                    self._skip_lf = True
+            else:
+                break  # an incomplete line: wait for more bytes
+            if end == pos:
+                # A blank line ends the block; it dispatches only if data came.
+                if self._data is not None:
+                    append(self._dispatch(work[start:nxt]))
+                self._event = None
+                start = nxt
+            else:
+                self._field(work[pos:end])
+            pos = nxt
+        if start < n:
+            self._buf = bytearray(work[start:])
+            self._pos = pos - start
+        else:
+            self._buf = _NOTHING
+            self._pos = 0
+        return events
+
+    def _field(self, line: bytes) -> None:
+        if line[0] == _COLON:
+            return  # a comment
+        name, colon, value = line.partition(b":")
+        if colon and value[:1] == b" ":
+            value = value[1:]
+        if name == b"data":
+            if self._data is None:
+                self._data = [value]
+            else:
+                self._data.append(value)
+        elif name == b"event":
+            self._event = value.decode("utf-8", "replace") or None
+        elif name == b"id" and b"\0" not in value:
+            self._last_id = value.decode("utf-8", "replace")
+
+    def _dispatch(self, raw: bytes) -> SSEEvent:
+        assert self._data is not None
+        data = self._data[0] if len(self._data) == 1 else b"\n".join(self._data)
+        event = SSEEvent(data, self._event, raw, self._last_id)
+        self._data = None
+        self._event = None
+        return event
+
+
+# NamedTuple's generated __new__ is Python code; calling the tuple constructor is not.
+_new: Final = tuple.__new__

@@ -1,0 +1,125 @@
+"""Watching one decode attempt's events: validation, output accounting, per-token timing.
+
+Every event of an engine stream passes through `OutputTracker.observe` exactly once,
+whether the client streams or not. It rejects what fails the attempt (an engine error
+event, bad token IDs), counts validated token IDs, records when they arrived (the
+seed: "Validated IDs give Narwhal output length and per-token timing for TPOT
+scoring"), notes each choice's finish_reason and keeps the engine's last usage.
+
+Times come from the caller (`now`), so this stays sans-IO and exact under test.
+"""
+
+from __future__ import annotations
+
+from array import array
+from collections.abc import Mapping
+from typing import Any
+
+from narwhal.protocol.events import EngineOutputError, Route, engine_error
+from narwhal.protocol.tokens import count_event_token_ids, sglext_output_token_count
+
+_OUTPUT_FIELDS = ("content", "reasoning", "reasoning_content", "refusal", "tool_calls")
+
+
+class OutputTracker:
+    __slots__ = (
+        "_finish_reasons",
+        "_route",
+        "_token_ids",
+        "event_counts",
+        "event_times",
+        "events",
+        "first_output_at",
+        "tokens",
+        "usage",
+    )
+
+    def __init__(self, route: Route, *, token_ids: bool) -> None:
+        self._route = route
+        self._token_ids = token_ids
+        self._finish_reasons: dict[int, str | None] = {}  # choice index -> finish_reason
+        self.tokens = 0  # validated generated token IDs (or output events without IDs)
+        self.events = 0
+        self.first_output_at: float | None = None
+        self.usage: dict[str, Any] | None = None
+        # When output arrived and how many tokens each time: TTFT, TPOT, learning.
+        self.event_times = array("d")
+        self.event_counts = array("I")
+
+    @property
+    def counts_token_ids(self) -> bool:
+        return self._token_ids
+
+    def observe(self, event: Mapping[str, Any], now: float) -> None:
+        """Account one decoded event; raise UpstreamError if it fails the attempt."""
+        if "error" in event or event.get("object") == "error":
+            error = engine_error(event)
+            if error is not None:
+                raise error
+        self.events += 1
+        if self._token_ids:
+            count = count_event_token_ids(event, self._route)
+        else:
+            count = 0
+        choices = event.get("choices")
+        if choices:
+            if type(choices) is not list:
+                raise EngineOutputError("engine sent choices that is not a list")
+            for choice in choices:
+                if type(choice) is not dict:
+                    raise EngineOutputError("engine sent a choice that is not an object")
+                reason = choice.get("finish_reason")
+                index = choice.get("index", 0)
+                if type(index) is not int:
+                    raise EngineOutputError("engine sent a choice index that is not an integer")
+                if reason is not None or index not in self._finish_reasons:
+                    self._finish_reasons[index] = reason
+                if not self._token_ids and _carries_output(choice, self._route):
+                    count += 1
+        if count:
+            if self.first_output_at is None:
+                self.first_output_at = now
+            self.tokens += count
+            self.event_times.append(now)
+            self.event_counts.append(count)
+        usage = event.get("usage")
+        if usage is not None:
+            self.usage = usage
+        if not self._token_ids and "sglext" in event:
+            sglext = sglext_output_token_count(event)
+            if sglext is not None:
+                # SGLang's streamed chat gives every ID at the end: exact count, no timing.
+                self.tokens = sglext
+
+    @property
+    def finished(self) -> bool:
+        """Every choice seen so far has its finish_reason (a clean end of output)."""
+        reasons = self._finish_reasons
+        return bool(reasons) and None not in reasons.values()
+
+    def output_tokens(self) -> tuple[int, str]:
+        """The output length and where it came from: token_ids, usage or events."""
+        if self._token_ids:
+            return self.tokens, "token_ids"
+        if self.usage is not None:
+            completion = self.usage.get("completion_tokens")
+            if type(completion) is int and completion >= 0:
+                return completion, "usage"
+        return self.tokens, "events"
+
+    def time_per_output_token(self) -> float | None:
+        """Mean seconds per token after the first output event, from validated IDs."""
+        if len(self.event_times) < 2:
+            return None
+        after_first = self.tokens - self.event_counts[0]
+        if after_first <= 0:
+            return None
+        return (self.event_times[-1] - self.event_times[0]) / after_first
+
+
+def _carries_output(choice: Mapping[str, Any], route: Route) -> bool:
+    """Without token IDs, a choice carrying output counts as one token (an estimate)."""
+    if route == "completion":
+        return bool(choice.get("text"))
+    delta = choice.get("delta")
+    return bool(delta) and type(delta) is dict and any(delta.get(k) for k in _OUTPUT_FIELDS)
