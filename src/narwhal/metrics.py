@@ -87,6 +87,23 @@ class RouterMetrics:
         self.retained = Gauge(
             "narwhal_retained_requests", "Requests the router holds right now.", registry=r
         )
+        self.queue_depth = Gauge(
+            "narwhal_admission_queue_depth", "Requests waiting for a prefill slot.", registry=r
+        )
+        self.prefill_slots = Gauge(
+            "narwhal_prefill_slots_in_use", "Requests between dispatch and first token.", registry=r
+        )
+        self.decode_slots = Gauge(
+            "narwhal_decode_slots_in_use",
+            "Requests between first token and last event.",
+            registry=r,
+        )
+        self.admission_wait = Histogram(
+            "narwhal_admission_wait_seconds",
+            "Time from admission to a prefill slot (zero when one was free).",
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
         for outcome in OUTCOMES:
             self.outcomes.labels(outcome)
         for reason in REJECT_REASONS:

@@ -63,7 +63,12 @@ async def serve_forever(config: Config) -> None:
     router = Router(config)
     # handler_cancellation: a client that disconnects cancels its handler at once, so the
     # upstream request is cancelled too instead of running on for nobody.
-    runner = web.AppRunner(router.app, handler_cancellation=True, access_log=None)
+    runner = web.AppRunner(
+        router.app,
+        handler_cancellation=True,
+        access_log=None,
+        shutdown_timeout=config.serving.drain_timeout_s,
+    )
     await runner.setup()
     site = web.TCPSite(runner, config.serving.host, config.serving.port, backlog=4096)
     await site.start()
@@ -75,8 +80,11 @@ async def serve_forever(config: Config) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     await stop.wait()
+    # Graceful shutdown: readiness goes false first, then the listener closes, admitted
+    # requests get up to serving.drain_timeout_s to finish, and only then do the engine
+    # clients close. Requests still running after the drain are cancelled and counted.
     router.state.set_unavailable("shutting_down")
-    await runner.shutdown()
+    print("narwhal draining", flush=True)
     await runner.cleanup()
 
 

@@ -1,0 +1,96 @@
+"""One HTTP client per engine: request shaping, status mapping, the upstream connection.
+
+Every engine request is a POST that asks for a stream (DESIGN.md section 4); the answer is
+either an open `aiohttp.ClientResponse` with status 200 or an exception from the tree in
+`narwhal.errors`, marked retryable when another placement could succeed:
+
+    InvalidRequest (400)      the engine refused the body itself (400, 413, 422): the
+                              client's request is bad wherever it runs; not retried
+    EngineUnavailable (502)   connection refused or reset, 5xx, 404 (model not served),
+                              429: another engine may serve it; retried before headers
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import aiohttp
+import msgspec
+
+from narwhal.config import EngineConfig
+from narwhal.errors import InvalidRequest, UpstreamError
+from narwhal.protocol.events import engine_error
+from narwhal.protocol.requests import Route
+
+PATHS: dict[Route, str] = {"chat": "/v1/chat/completions", "completion": "/v1/completions"}
+_MAX_ERROR_BODY = 64 * 1024
+_encoder = msgspec.json.Encoder()
+
+
+class EngineUnavailable(UpstreamError):
+    """This engine could not serve the attempt; another placement may (retryable)."""
+
+
+class EngineClient:
+    def __init__(self, engine: EngineConfig, session: aiohttp.ClientSession) -> None:
+        self.engine = engine
+        self.name = engine.name
+        self.dialect = engine.dialect
+        self._base = engine.url.rstrip("/")
+        self._session = session
+
+    async def open_stream(
+        self,
+        route: Route,
+        body: dict[str, Any],
+        *,
+        request_id: str,
+        authorization: str | None = None,
+    ) -> aiohttp.ClientResponse:
+        """POST the body; the response once its status is 200, else a mapped error."""
+        headers = {"Content-Type": "application/json", "X-Request-Id": request_id}
+        if authorization:
+            headers["Authorization"] = authorization
+        try:
+            response = await self._session.post(
+                self._base + PATHS[route], data=_encoder.encode(body), headers=headers
+            )
+        except (TimeoutError, aiohttp.ClientError, OSError) as e:
+            raise EngineUnavailable(f"engine {self.name} unreachable: {_describe(e)}") from e
+        if response.status == 200:
+            return response
+        try:
+            raise await self._status_error(response)
+        finally:
+            response.release()
+
+    async def _status_error(self, response: aiohttp.ClientResponse) -> Exception:
+        status = response.status
+        try:
+            raw = await response.content.read(_MAX_ERROR_BODY)
+        except (aiohttp.ClientError, OSError):
+            raw = b""
+        message = _error_message(raw) or response.reason or "no detail"
+        if status in (400, 413, 422):
+            return InvalidRequest(f"The engine refused the request: {message}")
+        return EngineUnavailable(f"engine {self.name} answered {status}: {message}")
+
+
+def _error_message(raw: bytes) -> str | None:
+    try:
+        body = msgspec.json.decode(raw)
+    except msgspec.DecodeError:
+        text = raw.decode("utf-8", "replace").strip()
+        return text[:500] or None
+    if isinstance(body, dict):
+        error = engine_error(body)
+        if error is not None:
+            return error.message
+        detail = body.get("detail")  # FastAPI servers (transformers serve)
+        if detail is not None:
+            return str(detail)[:500]
+    return None
+
+
+def _describe(error: BaseException) -> str:
+    return str(error) or type(error).__name__
