@@ -1,0 +1,152 @@
+"""One request: send it, scan what comes back, fill in its record.
+
+The clock starts just before the request is handed to aiohttp, so TTFT and
+latency include waiting for a pooled connection. Reads are as large as
+aiohttp has buffered (`iter_any`), each stamped once and given to the
+`StreamScanner`; nothing is JSON-decoded and no chunk is kept.
+
+How failures are classified (first match wins):
+
+    status != 200                    HTTP (the body is read; its start kept as a sample)
+    TimeoutError                     timeout (--timeout covers the whole request)
+    ServerDisconnectedError          truncated after headers, disconnected before
+    ClientPayloadError               truncated (broken chunked encoding)
+    ClientConnectorError             connect
+    ClientOSError, OSError           truncated after headers, connect before
+    other ClientError                client_error
+    200, an {"error": ...} event     error_event
+    200, stream without [DONE]       truncated (unless it ended with a finish
+                                     reason or usage)
+
+With --no-stream the whole body arrives at once: its arrival is the TTFT, and
+no TPOT is recorded.
+"""
+
+from __future__ import annotations
+
+import time
+
+import aiohttp
+import msgspec
+from yarl import URL
+
+from narwhal.bench.record import (
+    CLIENT_ERROR,
+    CONNECT,
+    DISCONNECTED,
+    ERROR_EVENT,
+    HTTP,
+    NAN,
+    TIMEOUT,
+    TRUNCATED,
+    Record,
+    error_key,
+)
+from narwhal.bench.scanner import StreamScanner
+
+perf = time.perf_counter
+SAMPLE_BYTES = 300
+
+
+async def execute(
+    session: aiohttp.ClientSession,
+    url: URL,
+    body: bytes,
+    record: Record,
+    *,
+    stream: bool,
+    origin: float,
+    keep_marks: bool = False,
+    samples: dict[str, str] | None = None,
+) -> None:
+    """Send one request and record what happened; never raises for request errors.
+
+    `samples` gets, for each error key not in it yet, a short text saying why
+    (the start of the error body or event, or the exception).
+    """
+    scanner = StreamScanner(keep_marks)
+    detail = b""
+    t0 = perf()
+    record.start = t0 - origin
+    try:
+        async with session.post(url, data=body) as resp:
+            record.status = resp.status
+            if resp.status != 200:
+                detail = (await resp.read())[:SAMPLE_BYTES]
+                record.error = HTTP
+            elif stream:
+                async for data in resp.content.iter_any():
+                    scanner.feed(data, perf() - t0)
+                scanner.close(perf() - t0)
+                if scanner.error_event:
+                    record.error = ERROR_EVENT
+                    detail = scanner.error_text
+                elif not scanner.complete:
+                    record.error = TRUNCATED
+                    detail = b"the stream ended without [DONE] or a finish reason"
+            else:
+                payload = await resp.read()
+                scanner.scan_body(payload, perf() - t0)
+                if scanner.error_event:
+                    record.error = ERROR_EVENT
+                    detail = scanner.error_text
+    except TimeoutError:
+        record.error = TIMEOUT
+        detail = b"no complete response within --timeout"
+    except aiohttp.ClientError as exc:
+        record.error = _classify(exc, record.status)
+        detail = f"{type(exc).__name__}: {exc}".encode()
+    except OSError as exc:
+        record.error = TRUNCATED if record.status else CONNECT
+        detail = f"{type(exc).__name__}: {exc}".encode()
+    record.latency = perf() - t0
+    record.events = scanner.events
+    record.tokens = scanner.tokens
+    if scanner.first_output >= 0.0:
+        record.ttft = scanner.first_output
+        # A whole response arrives at once: its TTFT is that moment, its TPOT unknown.
+        record.last_token = scanner.last_output if stream else NAN
+    record.marks = scanner.marks
+    if record.error is not None and samples is not None:
+        key = error_key(record)
+        if key is not None and key not in samples:
+            samples[key] = detail[:SAMPLE_BYTES].decode("utf-8", "replace")
+
+
+def _classify(exc: aiohttp.ClientError, status: int) -> str:
+    if isinstance(exc, aiohttp.ServerDisconnectedError):
+        return TRUNCATED if status else DISCONNECTED
+    if isinstance(exc, aiohttp.ClientPayloadError):
+        return TRUNCATED
+    if isinstance(exc, aiohttp.ClientConnectorError):
+        return CONNECT
+    if isinstance(exc, aiohttp.ClientOSError):
+        return TRUNCATED if status else CONNECT
+    return CLIENT_ERROR
+
+
+class SetupError(Exception):
+    """The run cannot start (no model to ask for); the message says why."""
+
+
+async def discover_model(
+    session: aiohttp.ClientSession, base_url: str, timeout_s: float = 10.0
+) -> str:
+    """The first model id that GET /v1/models lists."""
+    url = URL(base_url + "/v1/models")
+    try:
+        async with session.get(url, timeout=aiohttp.ClientTimeout(total=timeout_s)) as resp:
+            payload = await resp.read()
+            status = resp.status
+    except (aiohttp.ClientError, OSError, TimeoutError) as exc:
+        raise SetupError(f"GET {url} failed: {exc or type(exc).__name__}") from None
+    if status != 200:
+        raise SetupError(f"GET {url} answered HTTP {status}; pass --model")
+    try:
+        listing = msgspec.json.decode(payload)
+        model = listing["data"][0]["id"]
+    except (msgspec.DecodeError, KeyError, IndexError, TypeError):
+        raise SetupError(f"GET {url} listed no model; pass --model") from None
+    if not isinstance(model, str):
+        raise SetupError(f"GET {url} listed no model; pass --model")
+    return model

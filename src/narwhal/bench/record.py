@@ -1,0 +1,71 @@
+"""One measured request, kept compact (a slots class of numbers).
+
+Times are seconds. `start` counts from the run's origin (the moment the first
+stage began); `ttft`, `last_token` and `latency` count from the moment the
+request was sent. A value that was not observed is NaN, never None, so every
+field stays a plain float.
+"""
+
+from __future__ import annotations
+
+import math
+from array import array
+
+NAN = math.nan
+
+# Client-side error kinds. An HTTP status other than 200 is the kind `HTTP`.
+HTTP = "http"
+CONNECT = "connect"  # the connection could not be opened
+DISCONNECTED = "disconnected"  # the server closed the connection before answering
+TIMEOUT = "timeout"  # --timeout passed first
+TRUNCATED = "truncated"  # the body ended before [DONE] or a finish reason
+ERROR_EVENT = "error_event"  # an SSE event with a top-level "error" object
+CLIENT_ERROR = "client_error"  # any other aiohttp error
+
+
+class Record:
+    """What one request did. `error` is None for a success."""
+
+    __slots__ = (
+        "error",
+        "events",
+        "index",
+        "last_token",
+        "latency",
+        "marks",
+        "max_tokens",
+        "prompt_tokens",
+        "start",
+        "status",
+        "target",
+        "tokens",
+        "ttft",
+    )
+
+    def __init__(self, index: int, target: int, prompt_tokens: int, max_tokens: int) -> None:
+        self.index = index
+        self.target = target  # which --url
+        self.prompt_tokens = prompt_tokens  # as requested (~4 characters per token)
+        self.max_tokens = max_tokens
+        self.start = NAN
+        self.status = 0  # HTTP status, 0 when none arrived
+        self.error: str | None = None
+        self.ttft = NAN
+        self.last_token = NAN
+        self.latency = NAN
+        self.tokens = 0  # output tokens
+        self.events = 0  # streamed data events, [DONE] excluded
+        self.marks: array[float] | None = None  # (seconds after send, tokens) pairs
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+
+def error_key(record: Record) -> str | None:
+    """How an error is grouped: `HTTP 429`, `timeout`, `truncated`, ...; None for a success."""
+    if record.error is None:
+        return None
+    if record.error == HTTP:
+        return f"HTTP {record.status}"
+    return record.error

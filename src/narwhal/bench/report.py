@@ -1,0 +1,250 @@
+"""The end of a run: the summary table (stdout) and the JSON document (`--json`).
+
+JSON values that were not observed (a TTFT of a failed request, a percentile of
+nothing) are `null`. Times are seconds in JSON and milliseconds in the table.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from narwhal.bench.record import Record
+from narwhal.bench.runner import StageResult
+from narwhal.bench.session import BenchResult
+from narwhal.bench.stats import Distribution, StageSummary, meets_slo, record_tpot, summarize
+
+SCHEMA = "narwhal-bench/1"
+
+
+def summaries(result: BenchResult) -> list[StageSummary]:
+    slo = result.config.slo
+    return [summarize(s.records, s.window_s, s.cpu_s, slo) for s in result.stages]
+
+
+# -- table --------------------------------------------------------------------------------
+
+
+def _ms(value: float) -> str:
+    return "-" if math.isnan(value) else f"{value * 1e3:.2f}"
+
+
+def _num(value: float, digits: int = 1) -> str:
+    return "-" if math.isnan(value) else f"{value:.{digits}f}"
+
+
+def _pct(value: float) -> str:
+    return "-" if math.isnan(value) else f"{value * 100:.1f}%"
+
+
+def _slo_text(result: BenchResult) -> str:
+    slo = result.config.slo
+    parts = []
+    if slo.ttft_s is not None:
+        parts.append(f"TTFT <= {slo.ttft_s:g} s")
+    if slo.tpot_s is not None:
+        parts.append(f"TPOT <= {slo.tpot_s:g} s")
+    return " and ".join(parts) if parts else "none set (success only)"
+
+
+def _header(result: BenchResult) -> list[str]:
+    c = result.config
+    mode = "stream" if c.stream else "no-stream"
+    ids = "token ids" if c.token_ids else "no token ids"
+    if c.dataset is not None:
+        lengths = f"dataset {c.dataset}"
+    else:
+        p, m = c.prompt_tokens, c.max_tokens
+        prompt = str(p.low) if p.low == p.high else f"{p.low}:{p.high}"
+        output = str(m.low) if m.low == m.high else f"{m.low}:{m.high}"
+        lengths = f"prompt {prompt} tokens, max {output} output tokens"
+    return [
+        f"narwhal bench  model {result.model}  {c.endpoint}  {mode}  {ids}",
+        f"  {', '.join(c.urls)}",
+        f"  {lengths}, warm-up {c.warmup}, seed {c.seed}",
+    ]
+
+
+def _dist_row(name: str, d: Distribution) -> str:
+    return f"{name:<14}{_ms(d.mean):>10}{_ms(d.p50):>10}{_ms(d.p90):>10}{_ms(d.p99):>10}"
+
+
+def _stage_block(result: BenchResult, stage: StageResult, s: StageSummary) -> list[str]:
+    lines = [f"== {stage.plan.name}{'  (interrupted)' if stage.interrupted else ''} =="]
+    lines.append(f"{'requests':<14}{s.requests} (ok {s.ok}, errors {s.errors})")
+    lines.append(f"{'window':<14}{s.window_s:.3f} s")
+    if stage.plan.rate is not None:
+        queued = f", {stage.client_queued} waited for a connection" if stage.client_queued else ""
+        lines.append(
+            f"{'offered':<14}{stage.plan.rate:g} req/s Poisson (generated "
+            f"{_num(stage.offered_per_s)} req/s, start lag max {stage.max_lag_s * 1e3:.1f} ms"
+            f"{queued})"
+        )
+    lines.append(
+        f"{'throughput':<14}{_num(s.requests_per_s)} req/s, "
+        f"{_num(s.output_tokens_per_s)} output tok/s, {_num(s.events_per_s)} events/s"
+    )
+    lines.append(f"{'(ms)':<14}{'mean':>10}{'p50':>10}{'p90':>10}{'p99':>10}")
+    lines.append(_dist_row("TTFT", s.ttft))
+    lines.append(_dist_row("TPOT", s.tpot))
+    lines.append(_dist_row("latency", s.latency))
+    lines.append(
+        f"{'SLO':<14}{_slo_text(result)}: attainment {_pct(s.attainment)}, "
+        f"goodput {_num(s.goodput_per_s)} req/s"
+    )
+    if s.error_counts:
+        errors = ", ".join(f"{k}: {v}" for k, v in s.error_counts.items())
+        lines.append(f"{'errors':<14}{errors}")
+    lines.append(
+        f"{'client CPU':<14}{_num(s.cpu_per_request_s * 1e3, 3)} ms/request "
+        f"({s.cpu_s:.3f} s over the window)"
+    )
+    return lines
+
+
+def _sweep_table(result: BenchResult, sums: list[StageSummary]) -> list[str]:
+    head = (
+        f"{'stage':<14}{'req/s':>9}{'tok/s':>10}{'TTFT p50':>10}{'TTFT p99':>10}"
+        f"{'TPOT p50':>10}{'TPOT p99':>10}{'attain':>8}{'goodput':>9}{'errors':>8}"
+    )
+    lines = ["== sweep (times in ms) ==", head]
+    for stage, s in zip(result.stages, sums, strict=True):
+        lines.append(
+            f"{stage.plan.name:<14}{_num(s.requests_per_s):>9}{_num(s.output_tokens_per_s):>10}"
+            f"{_ms(s.ttft.p50):>10}{_ms(s.ttft.p99):>10}{_ms(s.tpot.p50):>10}"
+            f"{_ms(s.tpot.p99):>10}{_pct(s.attainment):>8}{_num(s.goodput_per_s):>9}"
+            f"{s.errors:>8}"
+        )
+    return lines
+
+
+def table(result: BenchResult, sums: list[StageSummary]) -> str:
+    lines = _header(result)
+    for stage, s in zip(result.stages, sums, strict=True):
+        lines.append("")
+        lines.extend(_stage_block(result, stage, s))
+    if len(result.stages) > 1:
+        lines.append("")
+        lines.extend(_sweep_table(result, sums))
+    shown = {
+        k: v for k, v in result.error_samples.items() if any(k in s.error_counts for s in sums)
+    }
+    if shown:
+        lines.append("")
+        lines.append("first error of each kind:")
+        for key, text in shown.items():
+            line = " ".join(text.split())
+            lines.append(f"  {key}: {line[:150]}{'...' if len(line) > 150 else ''}")
+    if result.interrupted:
+        lines.append("")
+        lines.append("interrupted: requests in flight were cancelled and are not counted")
+    return "\n".join(lines)
+
+
+# -- JSON ---------------------------------------------------------------------------------
+
+
+def _dist(d: Distribution) -> dict[str, Any]:
+    return {"count": d.count, "mean": d.mean, "p50": d.p50, "p90": d.p90, "p99": d.p99}
+
+
+def summary_dict(s: StageSummary) -> dict[str, Any]:
+    return {
+        "requests": s.requests,
+        "ok": s.ok,
+        "errors": s.errors,
+        "error_counts": s.error_counts,
+        "window_s": s.window_s,
+        "requests_per_s": s.requests_per_s,
+        "output_tokens": s.output_tokens,
+        "output_tokens_per_s": s.output_tokens_per_s,
+        "events_per_s": s.events_per_s,
+        "ttft_s": _dist(s.ttft),
+        "tpot_s": _dist(s.tpot),
+        "latency_s": _dist(s.latency),
+        "attainment": s.attainment,
+        "goodput_per_s": s.goodput_per_s,
+        "client_cpu_s": s.cpu_s,
+        "client_cpu_per_request_s": s.cpu_per_request_s,
+    }
+
+
+def record_dict(r: Record, result: BenchResult) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "index": r.index,
+        "url": r.target,
+        "start_s": r.start,
+        "status": r.status or None,
+        "error": r.error,
+        "ttft_s": r.ttft,
+        "tpot_s": record_tpot(r),
+        "last_token_s": r.last_token,
+        "latency_s": r.latency,
+        "output_tokens": r.tokens,
+        "events": r.events,
+        "prompt_tokens": r.prompt_tokens,
+        "max_tokens": r.max_tokens,
+        "meets_slo": meets_slo(r, result.config.slo),
+    }
+    if r.marks is not None:
+        m = r.marks
+        out["token_times"] = [[m[i], int(m[i + 1])] for i in range(0, len(m) - 1, 2)]
+    return out
+
+
+def _config_dict(result: BenchResult) -> dict[str, Any]:
+    c = result.config
+    return {
+        "urls": list(c.urls),
+        "endpoint": c.endpoint,
+        "model": result.model,
+        "stream": c.stream,
+        "token_ids": c.token_ids,
+        "ignore_eos": c.ignore_eos,
+        "prompt_tokens": [c.prompt_tokens.low, c.prompt_tokens.high],
+        "max_tokens": [c.max_tokens.low, c.max_tokens.high],
+        "dataset": str(c.dataset) if c.dataset is not None else None,
+        "seed": c.seed,
+        "timeout_s": c.timeout_s,
+        "warmup": c.warmup,
+        "extra": c.extra,
+        "slo_ttft_s": c.slo.ttft_s,
+        "slo_tpot_s": c.slo.tpot_s,
+    }
+
+
+def document(result: BenchResult, sums: list[StageSummary]) -> dict[str, Any]:
+    """The whole run as one JSON-ready object (NaN becomes null when encoded)."""
+    return {
+        "schema": SCHEMA,
+        "interrupted": result.interrupted,
+        "config": _config_dict(result),
+        "error_samples": result.error_samples,
+        "stages": [
+            {
+                "name": stage.plan.name,
+                "mode": "closed" if stage.plan.rate is None else "open",
+                "rate": stage.plan.rate,
+                "concurrency": stage.plan.concurrency,
+                "requests_planned": stage.plan.requests,
+                "duration_s": stage.plan.duration_s,
+                "started_s": stage.started,
+                "issued": stage.issued,
+                "offered_per_s": stage.offered_per_s,
+                "max_lag_s": stage.max_lag_s,
+                "client_queued": stage.client_queued,
+                "interrupted": stage.interrupted,
+                "summary": summary_dict(s),
+                "requests": [record_dict(r, result) for r in stage.records],
+            }
+            for stage, s in zip(result.stages, sums, strict=True)
+        ],
+    }
+
+
+def write_json(path: Path, doc: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(msgspec.json.encode(doc) + b"\n")

@@ -1,0 +1,106 @@
+"""One benchmark run, start to end: HTTP session, model, warm-up, stages, progress.
+
+One `aiohttp.ClientSession` with one keep-alive `TCPConnector` (limit = the
+largest stage concurrency) serves every request of the run. The session sends
+no `Accept-Encoding`, so servers answer uncompressed and the stream can be
+scanned as it arrives.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+import sys
+from dataclasses import dataclass
+
+import aiohttp
+
+from narwhal.bench.client import discover_model
+from narwhal.bench.config import BenchConfig
+from narwhal.bench.progress import Counters, show
+from narwhal.bench.runner import Runner, StageResult
+from narwhal.bench.workload import DatasetItem, Workload, WorkloadSpec
+
+
+@dataclass(slots=True)
+class BenchResult:
+    config: BenchConfig
+    model: str
+    stages: list[StageResult]
+    interrupted: bool
+    error_samples: dict[str, str]
+
+
+def _session(config: BenchConfig) -> aiohttp.ClientSession:
+    connector = aiohttp.TCPConnector(
+        limit=config.max_concurrency, limit_per_host=0, ttl_dns_cache=300
+    )
+    headers = {"Content-Type": "application/json", "User-Agent": "narwhal-bench"}
+    headers.update(config.headers)
+    return aiohttp.ClientSession(
+        connector=connector,
+        headers=headers,
+        timeout=aiohttp.ClientTimeout(total=config.timeout_s),
+        auto_decompress=False,
+        skip_auto_headers=("Accept-Encoding",),
+    )
+
+
+def _show_progress(config: BenchConfig) -> bool:
+    if config.progress is not None:
+        return config.progress
+    return sys.stderr.isatty()
+
+
+async def run_bench(config: BenchConfig, dataset: list[DatasetItem] | None) -> BenchResult:
+    """Run every stage; raises `SetupError` when no model can be found."""
+    loop = asyncio.get_running_loop()
+    async with _session(config) as session:
+        model = config.model or await discover_model(
+            session, config.urls[0], min(10.0, config.timeout_s)
+        )
+        workload = Workload(
+            WorkloadSpec(
+                endpoint=config.endpoint,
+                model=model,
+                stream=config.stream,
+                token_ids=config.token_ids,
+                ignore_eos=config.ignore_eos,
+                extra=config.extra,
+                prompt_tokens=config.prompt_tokens,
+                max_tokens=config.max_tokens,
+                seed=config.seed,
+                dataset=dataset,
+            )
+        )
+        counters = Counters()
+        runner = Runner(
+            session,
+            workload,
+            config.endpoint_urls(),
+            stream=config.stream,
+            keep_marks=config.token_times,
+            seed=config.seed,
+            counters=counters,
+        )
+        handled = False
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.add_signal_handler(signal.SIGINT, runner.interrupt)
+            handled = True
+        bar = asyncio.create_task(show(counters, sys.stderr)) if _show_progress(config) else None
+        stages: list[StageResult] = []
+        try:
+            await runner.warmup(config.warmup, config.stages[0].concurrency)
+            for number, plan in enumerate(config.stages):
+                if runner.stopping:
+                    break
+                stages.append(await runner.run_stage(plan, number))
+        finally:
+            if bar is not None:
+                bar.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await bar
+            if handled:
+                loop.remove_signal_handler(signal.SIGINT)
+    return BenchResult(config, model, stages, runner.stopping, runner.error_samples)

@@ -1,0 +1,169 @@
+"""Statistics over measured requests: pure functions of records, no clock, no I/O.
+
+Percentiles use linear interpolation between closest ranks (NumPy's default
+`linear` method): for n sorted values the p-th percentile sits at rank
+r = p/100 * (n - 1); with r = i + f it is v[i] + f * (v[i+1] - v[i]). No values
+give NaN; one value gives that value for every p.
+
+TPOT is the time per output token after the first:
+(last token time - first token time) / (tokens - 1). Tokens that arrived in one
+event share its arrival time (see `scanner`), so this equals the mean gap
+between consecutive tokens. A request with fewer than two tokens has none.
+
+SLOs: a request meets them when it succeeded, its TTFT is at most `ttft_s` (if
+set) and its TPOT at most `tpot_s` (if set; a request without a TPOT passes
+that half). With no SLO set, every success meets them. Attainment is the
+fraction of all the stage's requests (errors included) that meet them; goodput
+is how many met them per second of the stage's window.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from narwhal.bench.record import Record, error_key
+
+NAN = math.nan
+
+
+def percentile(sorted_values: Sequence[float], p: float) -> float:
+    """The p-th percentile (0 <= p <= 100) of values sorted ascending."""
+    n = len(sorted_values)
+    if n == 0:
+        return NAN
+    rank = (n - 1) * p / 100.0
+    low = math.floor(rank)
+    high = min(low + 1, n - 1)
+    frac = rank - low
+    return sorted_values[low] + (sorted_values[high] - sorted_values[low]) * frac
+
+
+@dataclass(frozen=True, slots=True)
+class Distribution:
+    count: int
+    mean: float
+    p50: float
+    p90: float
+    p99: float
+
+
+def distribution(values: Iterable[float]) -> Distribution:
+    """Mean and percentiles of the values that are not NaN."""
+    kept = sorted(v for v in values if not math.isnan(v))
+    if not kept:
+        return Distribution(0, NAN, NAN, NAN, NAN)
+    return Distribution(
+        count=len(kept),
+        mean=math.fsum(kept) / len(kept),
+        p50=percentile(kept, 50),
+        p90=percentile(kept, 90),
+        p99=percentile(kept, 99),
+    )
+
+
+def tpot(first_token: float, last_token: float, tokens: int) -> float:
+    """Time per output token after the first; NaN with fewer than two tokens."""
+    if tokens < 2 or math.isnan(first_token) or math.isnan(last_token):
+        return NAN
+    return (last_token - first_token) / (tokens - 1)
+
+
+def record_tpot(record: Record) -> float:
+    return tpot(record.ttft, record.last_token, record.tokens)
+
+
+def token_times(marks: Sequence[float]) -> list[float]:
+    """Per-token arrival times from (time, tokens) pairs: k tokens at each event's time."""
+    times: list[float] = []
+    for i in range(0, len(marks) - 1, 2):
+        times.extend([marks[i]] * int(marks[i + 1]))
+    return times
+
+
+@dataclass(frozen=True, slots=True)
+class Slo:
+    ttft_s: float | None = None
+    tpot_s: float | None = None
+
+
+def meets_slo(record: Record, slo: Slo) -> bool:
+    if record.error is not None:
+        return False
+    if slo.ttft_s is not None and not record.ttft <= slo.ttft_s:  # NaN fails
+        return False
+    if slo.tpot_s is not None:
+        t = record_tpot(record)
+        if not math.isnan(t) and t > slo.tpot_s:
+            return False
+    return True
+
+
+def attainment(records: Sequence[Record], slo: Slo) -> float:
+    """Fraction of the requests that met the SLOs; NaN without requests."""
+    if not records:
+        return NAN
+    return sum(1 for r in records if meets_slo(r, slo)) / len(records)
+
+
+def goodput(records: Iterable[Record], slo: Slo, window_s: float) -> float:
+    """Requests per second that met the SLOs."""
+    if window_s <= 0:
+        return NAN
+    return sum(1 for r in records if meets_slo(r, slo)) / window_s
+
+
+def error_counts(records: Iterable[Record]) -> dict[str, int]:
+    """Errors by key, most frequent first (ties by name)."""
+    counts = Counter(k for k in map(error_key, records) if k is not None)
+    return dict(sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
+
+
+@dataclass(frozen=True, slots=True)
+class StageSummary:
+    requests: int
+    ok: int
+    errors: int
+    error_counts: dict[str, int]
+    window_s: float
+    requests_per_s: float  # successful requests
+    output_tokens: int
+    output_tokens_per_s: float
+    events_per_s: float
+    ttft: Distribution
+    tpot: Distribution
+    latency: Distribution
+    attainment: float
+    goodput_per_s: float
+    cpu_s: float
+    cpu_per_request_s: float
+
+
+def _rate(count: float, window_s: float) -> float:
+    return count / window_s if window_s > 0 else NAN
+
+
+def summarize(records: Sequence[Record], window_s: float, cpu_s: float, slo: Slo) -> StageSummary:
+    """Everything the report shows for one stage."""
+    ok = [r for r in records if r.error is None]
+    tokens = sum(r.tokens for r in ok)
+    return StageSummary(
+        requests=len(records),
+        ok=len(ok),
+        errors=len(records) - len(ok),
+        error_counts=error_counts(records),
+        window_s=window_s,
+        requests_per_s=_rate(len(ok), window_s),
+        output_tokens=tokens,
+        output_tokens_per_s=_rate(tokens, window_s),
+        events_per_s=_rate(sum(r.events for r in records), window_s),
+        ttft=distribution(r.ttft for r in ok),
+        tpot=distribution(record_tpot(r) for r in ok),
+        latency=distribution(r.latency for r in ok),
+        attainment=attainment(records, slo),
+        goodput_per_s=goodput(records, slo, window_s),
+        cpu_s=cpu_s,
+        cpu_per_request_s=cpu_s / len(records) if records else NAN,
+    )

@@ -1,0 +1,256 @@
+"""`narwhal bench` end to end, in process, against the test engine on a real socket."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import socket
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from narwhal.bench import cli
+from narwhal.bench.config import from_args
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    cli.add_arguments(parser)
+    return parser.parse_args(argv)
+
+
+def bench(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    status = cli.run(parse(argv))
+    out, err = capsys.readouterr()
+    return status, out, err
+
+
+def load(path: Path) -> dict[str, Any]:
+    doc: dict[str, Any] = json.loads(path.read_text())
+    return doc
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def check_counts(doc: dict[str, Any]) -> None:
+    for stage in doc["stages"]:
+        s = stage["summary"]
+        assert s["ok"] + s["errors"] == s["requests"] == len(stage["requests"])
+        assert sum(s["error_counts"].values()) == s["errors"]
+
+
+def test_closed_loop_json_and_table(
+    engine_url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out_json = tmp_path / "r.json"
+    status, out, _ = bench(
+        ["--url", engine_url, "-n", "20", "-c", "4", "--max-tokens", "8", "--json", str(out_json),
+         "--slo-ttft", "5", "--slo-tpot", "1", "--token-times"],
+        capsys,
+    )  # fmt: skip
+    assert status == 0
+    assert "requests      20 (ok 20, errors 0)" in out
+    assert "TTFT" in out and "attainment 100.0%" in out and "client CPU" in out
+    doc = load(out_json)
+    assert doc["schema"] == "narwhal-bench/1"
+    assert doc["config"]["model"] == "test-model"  # asked /v1/models
+    (stage,) = doc["stages"]
+    assert stage["mode"] == "closed" and stage["concurrency"] == 4
+    check_counts(doc)
+    summary = stage["summary"]
+    assert summary["output_tokens"] == 20 * 8
+    assert summary["ttft_s"]["count"] == 20 and summary["ttft_s"]["p50"] > 0
+    assert summary["attainment"] == 1.0 and summary["client_cpu_per_request_s"] > 0
+    first = stage["requests"][0]
+    assert first["status"] == 200 and first["error"] is None and first["output_tokens"] == 8
+    assert first["events"] == 10  # role + 8 tokens + usage
+    assert sum(k for _, k in first["token_times"]) == 8
+    assert first["ttft_s"] <= first["last_token_s"] <= first["latency_s"]
+    assert sorted(r["index"] for r in stage["requests"]) == list(range(20))
+
+
+def test_errors_are_grouped_and_counts_add_up(
+    engine_url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    dataset = tmp_path / "faults.jsonl"
+    lines = ["plain", "#fault:429", "#fault:truncate", "#fault:error", "#fault:nodone"]
+    dataset.write_text("".join(json.dumps({"prompt": p, "max_tokens": 6}) + "\n" for p in lines))
+    out_json = tmp_path / "r.json"
+    status, out, _ = bench(
+        ["--url", engine_url, "--dataset", str(dataset), "-n", "10", "-c", "2",
+         "--warmup", "0", "--json", str(out_json)],
+        capsys,
+    )  # fmt: skip
+    assert status == 0
+    doc = load(out_json)
+    check_counts(doc)
+    summary = doc["stages"][0]["summary"]
+    assert summary["error_counts"] == {"HTTP 429": 2, "error_event": 2, "truncated": 2}
+    assert summary["ok"] == 4  # plain and nodone (ends with a finish reason and usage)
+    assert "HTTP 429: 2" in out
+    assert "busy" in doc["error_samples"]["HTTP 429"]
+    assert "engine died" in doc["error_samples"]["error_event"]
+    assert "ClientPayloadError" in doc["error_samples"]["truncated"]
+    assert "first error of each kind:" in out
+
+
+def test_timeout_and_connect_errors(
+    engine_url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    dataset = tmp_path / "slow.jsonl"
+    dataset.write_text('{"prompt": "#fault:slow"}\n')
+    status, out, _ = bench(
+        ["--url", engine_url, "--dataset", str(dataset), "-n", "2", "-c", "2", "--warmup", "0",
+         "--timeout", "0.3"],
+        capsys,
+    )  # fmt: skip
+    assert status == 1  # nothing succeeded
+    assert "timeout: 2" in out
+    dead = f"http://127.0.0.1:{free_port()}"
+    status, out, _ = bench(
+        ["--url", dead, "--model", "m", "-n", "3", "-c", "1", "--warmup", "0"], capsys
+    )
+    assert status == 1 and "connect: 3" in out
+    status, _, err = bench(["--url", dead, "-n", "1"], capsys)
+    assert status == 1 and "/v1/models" in err
+
+
+def test_sweep_open_loop_stages(
+    engine_url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out_json = tmp_path / "r.json"
+    status, out, _ = bench(
+        ["--url", engine_url, "--sweep", "200,400", "-n", "12", "--max-tokens", "4",
+         "--json", str(out_json), "--slo-ttft", "2"],
+        capsys,
+    )  # fmt: skip
+    assert status == 0
+    assert "== sweep (times in ms) ==" in out and "rate=200/s" in out
+    doc = load(out_json)
+    check_counts(doc)
+    assert [s["rate"] for s in doc["stages"]] == [200.0, 400.0]
+    assert all(s["mode"] == "open" and s["issued"] == 12 for s in doc["stages"])
+    indices = [r["index"] for s in doc["stages"] for r in s["requests"]]
+    assert sorted(indices) == list(range(24))  # positions continue across stages
+
+
+def test_duration_caps_an_open_loop(engine_url: str, capsys: pytest.CaptureFixture[str]) -> None:
+    started = time.monotonic()
+    status, out, _ = bench(
+        ["--url", engine_url, "--rate", "50", "-n", "100000", "--duration", "0.4",
+         "--max-tokens", "2", "--warmup", "1"],
+        capsys,
+    )  # fmt: skip
+    assert status == 0
+    assert time.monotonic() - started < 10
+    requests = int(out.split("requests")[1].split()[0])
+    assert 3 <= requests <= 60
+
+
+@pytest.mark.parametrize(
+    ("flags", "tokens"),
+    [
+        (["--no-stream"], 5),
+        (["--no-token-ids"], 5),  # from usage
+        (["--endpoint", "completions"], 5),
+        (["--extra", '{"test_ids_per_chunk": 2}'], 5),
+    ],
+)
+def test_request_shapes(
+    engine_url: str,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    flags: list[str],
+    tokens: int,
+) -> None:
+    out_json = tmp_path / "r.json"
+    argv = ["--url", engine_url, "-n", "3", "-c", "1", "--max-tokens", "5"]
+    status, _, _ = bench([*argv, "--json", str(out_json), *flags], capsys)
+    assert status == 0
+    doc = load(out_json)
+    check_counts(doc)
+    assert all(r["output_tokens"] == tokens for r in doc["stages"][0]["requests"])
+
+
+def test_header_and_url_forms(engine_url: str, capsys: pytest.CaptureFixture[str]) -> None:
+    status, out, _ = bench(
+        ["--url", engine_url + "/v1/", "--url", engine_url, "--header", "X-Test: 1", "-n", "4",
+         "-c", "2", "--max-tokens", "2"],
+        capsys,
+    )  # fmt: skip
+    assert status == 0 and "(ok 4, errors 0)" in out
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--rate", "5", "--sweep", "1,2"], "exclude each other"),
+        (["--sweep", "1,x"], "--sweep"),
+        (["--rate", "0"], "--rate must be positive"),
+        (["-n", "0"], "--requests"),
+        (["--prompt-tokens", "9:3"], "--prompt-tokens"),
+        (["--extra", "[1]"], "--extra must be a JSON object"),
+        (["--extra", "{"], "--extra is not valid JSON"),
+        (["--header", "nocolon"], "--header"),
+        (["--timeout", "-1"], "--timeout"),
+    ],
+)
+def test_bad_flags_exit_2(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    status, _, err = bench(["--url", "http://127.0.0.1:1", *argv], capsys)
+    assert status == 2
+    assert message in err
+
+
+def test_bad_url_and_dataset_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    status, _, err = bench(["--url", "ftp://x"], capsys)
+    assert status == 2 and "--url" in err
+    status, _, err = bench(
+        ["--url", "http://127.0.0.1:1", "--dataset", str(tmp_path / "no.jsonl")], capsys
+    )
+    assert status == 2 and "--dataset" in err
+
+
+def test_config_defaults() -> None:
+    closed = from_args(parse(["--url", "http://h:1/v1"]))
+    assert closed.urls == ("http://h:1",)
+    assert closed.stages[0].concurrency == 64 and closed.warmup == 64
+    assert closed.stages[0].rate is None and closed.stream and closed.token_ids
+    opened = from_args(parse(["--url", "http://h:1", "--rate", "3"]))
+    assert opened.stages[0].concurrency == 1024 and opened.warmup == 64
+    small = from_args(parse(["--url", "http://h:1", "-c", "8", "--sweep", "1,2"]))
+    assert [s.rate for s in small.stages] == [1.0, 2.0] and small.warmup == 8
+
+
+def test_plot_without_matplotlib_exits_2_with_hint(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import raises ImportError
+    status, out, err = bench(["--url", "http://127.0.0.1:1", "--plot", str(tmp_path)], capsys)
+    assert status == 2
+    assert "pip install 'narwhal[plot]'" in err
+    assert out == ""  # failed before sending anything
+
+
+def test_plots_are_written(
+    engine_url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    pytest.importorskip("matplotlib")
+    status, _, _ = bench(
+        ["--url", engine_url, "--sweep", "100,200", "-n", "6", "--max-tokens", "3",
+         "--plot", str(tmp_path / "plots"), "--slo-ttft", "1"],
+        capsys,
+    )  # fmt: skip
+    assert status == 0
+    names = sorted(p.name for p in (tmp_path / "plots").iterdir())
+    assert names == ["latency_over_time.png", "sweep.png", "ttft_cdf.png"]
+    assert all((tmp_path / "plots" / n).read_bytes()[:4] == b"\x89PNG" for n in names)

@@ -1,0 +1,124 @@
+"""`python -m narwhal bench` as a subprocess, against the test engine and `narwhal sim`."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+
+def run_bench(
+    url: str, tmp_path: Path, *flags: str
+) -> tuple[subprocess.CompletedProcess[str], Any]:
+    out_json = tmp_path / "bench.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "narwhal", "bench", "--url", url, "--json", str(out_json), *flags],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    doc = json.loads(out_json.read_text()) if out_json.exists() else None
+    return proc, doc
+
+
+def check(proc: subprocess.CompletedProcess[str], doc: Any, requests: int) -> None:
+    assert proc.returncode == 0, proc.stderr
+    assert "== closed c=4 ==" in proc.stdout and "client CPU" in proc.stdout
+    summary = doc["stages"][0]["summary"]
+    assert summary["requests"] == requests
+    assert summary["ok"] + summary["errors"] == requests
+    assert summary["ok"] == requests, summary["error_counts"]
+
+
+def test_subprocess_against_test_engine(engine_url: str, tmp_path: Path) -> None:
+    proc, doc = run_bench(
+        engine_url, tmp_path, "-n", "16", "-c", "4", "--max-tokens", "8", "--progress"
+    )
+    check(proc, doc, 16)
+    assert doc["stages"][0]["summary"]["output_tokens"] == 16 * 8
+
+
+def _sim_available() -> bool:
+    try:
+        return importlib.util.find_spec("narwhal.sim.cli") is not None
+    except ModuleNotFoundError:
+        return False
+
+
+@pytest.fixture
+def sim_url() -> Iterator[str]:
+    if not _sim_available():
+        pytest.skip("narwhal.sim.cli is not importable yet (`narwhal sim` is being built)")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "narwhal", "sim", "--port", "0", "--time-scale", "0"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        prefix = "narwhal sim listening on "
+        assert line.startswith(prefix), f"unexpected first line from narwhal sim: {line!r}"
+        yield line[len(prefix) :].strip()
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
+        if proc.stdout is not None:
+            proc.stdout.close()
+
+
+def test_subprocess_against_narwhal_sim(sim_url: str, tmp_path: Path) -> None:
+    proc, doc = run_bench(sim_url, tmp_path, "-n", "12", "-c", "4", "--max-tokens", "8")
+    check(proc, doc, 12)
+    requests = doc["stages"][0]["requests"]
+    assert all(r["output_tokens"] > 0 for r in requests)
+
+
+def test_ctrl_c_reports_what_finished_and_exits_130(engine_url: str, tmp_path: Path) -> None:
+    out_json = tmp_path / "bench.json"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "narwhal", "bench", "--url", engine_url, "-n", "100000",
+         "-c", "4", "--max-tokens", "20", "--extra", '{"test_token_delay": 0.005}',
+         "--duration", "30", "--progress", "--json", str(out_json)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )  # fmt: skip
+    try:
+        assert proc.stderr is not None
+        seen = b""
+        while b"closed c=4 [" not in seen:  # the bar of the measured stage is drawn
+            chunk = proc.stderr.read1(4096)
+            assert chunk, "bench ended before it was interrupted"
+            seen += chunk
+        started = time.monotonic()
+        proc.send_signal(signal.SIGINT)
+        out, _ = proc.communicate(timeout=20)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 130
+    assert time.monotonic() - started < 5
+    assert b"(interrupted)" in out
+    doc = json.loads(out_json.read_text())
+    assert doc["interrupted"] is True
+    summary = doc["stages"][0]["summary"]
+    assert (
+        summary["ok"] + summary["errors"]
+        == summary["requests"]
+        == len(doc["stages"][0]["requests"])
+    )
