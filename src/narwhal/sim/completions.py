@@ -1,0 +1,287 @@
+"""POST /v1/chat/completions and /v1/completions: from a body to a stream or a response.
+
+Order of work, so that every failure the engine would report before generating is a
+proper HTTP status: decode and check the body, resolve scenarios, check the context,
+settle the disaggregated-serving role (pulling remote KV here, before any header),
+build the script, then hand a sequence to the engine. A streaming response's headers
+go out at once (as vLLM's do); a failure after them is an error event.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from aiohttp import web
+
+from narwhal.sim.emit import Emitter
+from narwhal.sim.events import SimError, merge_parts
+from narwhal.sim.kv import pull_blocks
+from narwhal.sim.model import Sequence
+from narwhal.sim.request import ParsedRequest, check_context, decode_body, interpret
+from narwhal.sim.runtime import SimRuntime
+from narwhal.sim.scenarios import ScenarioError, Scenarios, parse_directives
+from narwhal.sim.script import TOKENIZER, GenerationRequest, Script, build_script
+from narwhal.sim.shapes_vllm import ShapeContext, VllmShape
+
+_SSE_HEADERS = {"Content-Type": "text/event-stream; charset=utf-8", "Cache-Control": "no-cache"}
+
+
+@dataclass(slots=True)
+class _Plan:
+    """One admitted request: everything the response needs."""
+
+    parsed: ParsedRequest
+    scenarios: Scenarios
+    script: Script
+    shape: VllmShape
+    seq: Sequence
+    stream: bool
+    prefill_only: bool
+    remote_request_id: str
+
+
+def error_response(runtime: SimRuntime, error: SimError) -> web.Response:
+    body = runtime.shape_class.error_body(error)
+    return web.Response(status=error.status, body=body, content_type="application/json")
+
+
+class CompletionRoutes:
+    def __init__(self, runtime: SimRuntime) -> None:
+        self.runtime = runtime
+
+    async def chat(self, request: web.Request) -> web.StreamResponse:
+        return await self._serve(request, chat=True)
+
+    async def completions(self, request: web.Request) -> web.StreamResponse:
+        return await self._serve(request, chat=False)
+
+    async def _serve(self, request: web.Request, *, chat: bool) -> web.StreamResponse:
+        try:
+            plan = await self._plan(request, chat)
+        except SimError as error:
+            return error_response(self.runtime, error)
+        self.runtime.engine.submit(plan.seq)
+        try:
+            if plan.stream:
+                return await self._stream(request, plan)
+            return await self._whole(request, plan)
+        finally:
+            seq = plan.seq
+            if not seq.finished:
+                self.runtime.engine.abort(seq)
+            elif plan.prefill_only and not seq.aborted and not plan.shape.ctx.kv_transfer_params:
+                # Finished, but the blocks never reached the store (the client went away).
+                self.runtime.engine.release_held(seq.prompt_len)
+
+    # -- admission -----------------------------------------------------------------------
+    async def _plan(self, request: web.Request, chat: bool) -> _Plan:
+        runtime = self.runtime
+        options = runtime.options
+        body = decode_body(await request.read(), chat, openai_schema=options.dialect == "openai")
+        parsed = interpret(body, TOKENIZER)
+        if body.model is not None and body.model != options.model:
+            status = 400 if options.dialect == "openai" else 404
+            raise SimError(
+                status,
+                f"The model `{body.model}` does not exist. Valid aliases: {options.model}.",
+                "NotFoundError",
+                "model",
+            )
+        stream = bool(body.stream)
+        if (
+            options.dialect == "sglang"
+            and chat
+            and stream
+            and (body.return_token_ids or body.return_prompt_token_ids)
+        ):
+            raise SimError(400, "return_token_ids is only supported for non-streaming chat "
+                           "completions; use return_output_ids_in_sglext when streaming",
+                           "BadRequestError", "return_token_ids")  # fmt: skip
+        try:
+            scenarios = parse_directives(parsed.directive_text)
+        except ScenarioError as exc:
+            raise SimError(
+                400, str(exc), "BadRequestError", "messages" if chat else "prompt"
+            ) from None
+        if "http_500" in scenarios:
+            raise SimError(500, "simulated engine failure (#sim:http_500)", "InternalServerError")
+        prompt_len = len(parsed.prompt_ids)
+        max_tokens = check_context(prompt_len, parsed.max_tokens, options.context_len)
+
+        kv = body.kv_transfer_params or {}
+        prefill_only = kv.get("do_remote_decode") is True
+        from_remote = kv.get("do_remote_prefill") is True
+        if prefill_only and options.role == "decode":
+            raise SimError(400, "this engine runs --role decode: it does not prefill for a "
+                           "remote decoder (do_remote_decode)", "BadRequestError",
+                           "kv_transfer_params")  # fmt: skip
+        if from_remote and options.role == "prefill":
+            raise SimError(400, "this engine runs --role prefill: it does not decode from "
+                           "remote KV (do_remote_prefill)", "BadRequestError",
+                           "kv_transfer_params")  # fmt: skip
+        now = runtime.engine.now()
+        ready_at = (
+            now + scenarios.number("slow_prefill", 0.0) if "slow_prefill" in scenarios else 0.0
+        )
+        if from_remote:
+            tokens = await pull_blocks(runtime.session, kv, parsed.prompt_ids)
+            transfer_s = (
+                options.kv_transfer_base_ms / 1000 + tokens / options.kv_transfer_tokens_per_s
+            )
+            ready_at = max(ready_at, runtime.engine.now() + transfer_s * options.time_scale)
+        if prefill_only:
+            max_tokens = 1  # the prefill and its one sampled token, as the toy proxy asks
+
+        request_id = request.headers.get("X-Request-Id") or body.request_id or uuid.uuid4().hex
+        response_id = ("chatcmpl-" if chat else "cmpl-") + request_id
+        dialect = options.dialect
+        top = parsed.top_logprobs
+        if top is None and "logprobs" in scenarios:
+            top = 2
+        if dialect == "openai":
+            top = None  # transformers serve ignores logprobs
+        generation = GenerationRequest(
+            prompt_ids=parsed.prompt_ids,
+            chat=chat,
+            max_tokens=max_tokens,
+            ignore_eos=bool(body.ignore_eos),
+            stop=parsed.stop,
+            seed=body.seed,
+            top_logprobs=top,
+            tool_names=parsed.tool_names,
+            tool_id_style=dialect,
+            request_id=request_id,
+        )
+        script = build_script(generation, scenarios, sim_seed=options.seed,
+                              output_len_mean=options.output_len_mean)  # fmt: skip
+        shape = runtime.shape_class(self._context(request, body, parsed, script, response_id, top))
+        seq = Sequence(
+            prompt_len,
+            len(script.ids),
+            finish_reason=script.finish_reason,
+            prefilled=from_remote,
+            ready_at=ready_at,
+            keep_kv=prefill_only,
+            streaming=stream,
+        )
+        remote_id = f"{response_id}-{uuid.uuid4().hex[:8]}" if prefill_only else ""
+        return _Plan(parsed, scenarios, script, shape, seq, stream, prefill_only, remote_id)
+
+    def _context(self, request: web.Request, body: Any, parsed: ParsedRequest, script: Script,
+                 response_id: str, top: int | None) -> ShapeContext:  # fmt: skip
+        dialect = self.runtime.options.dialect
+        options = body.stream_options
+        include_usage = bool(options and options.include_usage)
+        headers = request.headers
+        return ShapeContext(
+            response_id=response_id,
+            created=int(time.time()),
+            model=body.model or self.runtime.options.model,
+            chat=parsed.chat,
+            prompt_ids=parsed.prompt_ids,
+            return_token_ids=dialect != "openai" and bool(body.return_token_ids),
+            include_usage=include_usage,
+            continuous_usage=include_usage and bool(options and options.continuous_usage_stats),
+            logprobs=top is not None,
+            stop_reason=script.stop_reason,
+            matched_stop=script.matched_stop,
+            sglext_input=bool(body.return_input_ids_in_sglext)
+            or headers.get("x-sglext-return-input-ids") == "1",
+            sglext_output=bool(body.return_output_ids_in_sglext)
+            or headers.get("x-sglext-return-output-ids") == "1",
+            sglext_framed=headers.get("x-sglext-ids-framed") == "1",
+        )
+
+    def _hold_blocks(self, plan: _Plan) -> None:
+        """Prefill-only requests: keep the KV for the decoder once the engine is done."""
+        if plan.prefill_only and plan.seq.finished and not plan.seq.aborted:
+            runtime = self.runtime
+            params = runtime.kv_store.hold(plan.remote_request_id, plan.parsed.prompt_ids,
+                                           runtime.advertised_host, runtime.port)  # fmt: skip
+            plan.shape.ctx.kv_transfer_params = params
+
+    # -- responses ---------------------------------------------------------------------
+    async def _whole(self, request: web.Request, plan: _Plan) -> web.StreamResponse:
+        engine = self.runtime.engine
+        seq, script = plan.seq, plan.script
+        while not seq.finished:
+            await engine.wait_progress(seq)
+        self._hold_blocks(plan)
+        if script.stall_at is not None:
+            await asyncio.sleep(script.stall_s)
+        if script.disconnect_at is not None:
+            _drop_connection(request)
+            return web.Response(status=500)
+        if script.error_at is not None:
+            error = SimError(500, "simulated engine failure (#sim:error_midstream)",
+                             "InternalServerError")  # fmt: skip
+            return error_response(self.runtime, error)
+        delta = merge_parts(script.parts)
+        id_fault = script.id_fault[0] if script.id_fault else None
+        body = plan.shape.body(delta, script.ids, id_fault, script.logprobs, script.finish_reason)
+        return web.Response(body=body, content_type="application/json")
+
+    async def _stream(self, request: web.Request, plan: _Plan) -> web.StreamResponse:
+        engine = self.runtime.engine
+        seq, script, shape = plan.seq, plan.script, plan.shape
+        ctx = shape.ctx
+        keep_empty = ctx.logprobs or (
+            ctx.return_token_ids and (ctx.chat or self.runtime.options.dialect == "vllm")
+        )
+        interval = max(self.runtime.options.stream_interval, plan.parsed.body.stream_interval or 1)
+        emitter = Emitter(script, interval, keep_empty=keep_empty)
+        response = web.StreamResponse(headers=_SSE_HEADERS)
+        await response.prepare(request)
+        write = response.write
+        while True:
+            if seq.finished:
+                self._hold_blocks(plan)
+            out: list[bytes] = []
+            while (group := emitter.next_group(seq.produced)) is not None:
+                start, end = group
+                if script.error_at is not None and end > script.error_at:
+                    error = SimError(500, "simulated engine failure (#sim:error_midstream)",
+                                     "InternalServerError")  # fmt: skip
+                    out.append(shape.error_event(error))
+                    await write(b"".join(out))
+                    await response.write_eof()
+                    return response
+                if script.disconnect_at is not None and end > script.disconnect_at:
+                    if out:
+                        await write(b"".join(out))
+                    _drop_connection(request)
+                    return response
+                if script.stall_at is not None and end > script.stall_at:
+                    if out:
+                        await write(b"".join(out))
+                        out = []
+                    await asyncio.sleep(script.stall_s)
+                    script.stall_at = None
+                if start == 0:
+                    out.append(shape.opening())
+                event = emitter.event(start, end)
+                if event is not None:
+                    out.append(shape.chunk(event))
+            if out:
+                await write(b"".join(out))
+                continue  # the engine may have moved on while we wrote
+            if emitter.done:
+                break
+            await engine.wait_progress(seq)
+        trailer = shape.trailer(script.ids)
+        if trailer:
+            await write(trailer)
+        await response.write_eof()
+        return response
+
+
+def _drop_connection(request: web.Request) -> None:
+    transport = request.transport
+    if transport is not None:
+        with contextlib.suppress(Exception):
+            transport.abort()

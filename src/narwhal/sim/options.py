@@ -1,0 +1,154 @@
+"""Every setting of one simulated engine, declared once.
+
+`SimOptions` is the single source of defaults: the CLI builds one flag per field
+(`--time-scale` for `time_scale`) from the field's type, default and `help` metadata,
+and the in-process API takes the same object. Defaults model one H100 serving an
+8B-class model with vLLM's V1 scheduler defaults.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+Dialect = Literal["vllm", "sglang", "openai"]
+Role = Literal["both", "prefill", "decode"]
+
+
+def _help(text: str) -> dict[str, Any]:
+    return {"help": text}
+
+
+@dataclass(frozen=True, slots=True)
+class SimOptions:
+    model: str = field(
+        default="narwhal-sim", metadata=_help("model name served; any other name gets 404")
+    )
+    dialect: Dialect = field(
+        default="vllm",
+        metadata=_help(
+            "wire dialect: vllm (0.33 shapes), sglang (0.5.23), openai (transformers serve)"
+        ),
+    )
+    role: Role = field(
+        default="both",
+        metadata=_help(
+            "disaggregated-serving role: prefill answers kv_transfer_params with do_remote_decode, "
+            "decode pulls KV blocks for do_remote_prefill; both does either"
+        ),
+    )
+    seed: int = field(
+        default=0,
+        metadata=_help("seed of every generated output (same seed + same prompt = same output)"),
+    )
+    time_scale: float = field(
+        default=1.0,
+        metadata=_help(
+            "multiplies every modelled duration (prefill, decode steps, KV transfer); "
+            "0 = never sleep (benchmark the sim itself)"
+        ),
+    )
+    max_model_len: int = field(
+        default=32768, metadata=_help("context length; prompt + max_tokens above it gets 400")
+    )
+    max_num_seqs: int = field(
+        default=256, metadata=_help("continuous batching: sequences running at once")
+    )
+    max_num_batched_tokens: int = field(
+        default=8192,
+        metadata=_help(
+            "chunked prefill: tokens scheduled per engine step (decodes count one each)"
+        ),
+    )
+    kv_capacity_tokens: int = field(
+        default=450_000,
+        metadata=_help("KV-cache capacity in tokens; requests wait when it is full"),
+    )
+    prefill_tokens_per_s: float = field(
+        default=20_000.0, metadata=_help("prefill throughput in prompt tokens per second")
+    )
+    prefill_overhead_ms: float = field(
+        default=2.0, metadata=_help("fixed cost per request added to the step its prefill starts")
+    )
+    decode_base_ms: float = field(
+        default=6.0, metadata=_help("cost of one engine step whatever its batch")
+    )
+    decode_per_seq_ms: float = field(
+        default=0.08,
+        metadata=_help("added step cost per decoding sequence, so TPOT grows with the batch"),
+    )
+    output_len_mean: float = field(
+        default=256.0,
+        metadata=_help(
+            "mean output length when the model stops by itself (gamma, shape 2), "
+            "capped by max_tokens"
+        ),
+    )
+    stream_interval: int = field(
+        default=1,
+        metadata=_help(
+            "server-wide tokens per streamed event; a request's stream_interval can only raise it"
+        ),
+    )
+    kv_transfer_base_ms: float = field(
+        default=2.0, metadata=_help("decode role: fixed cost of pulling a prompt's KV")
+    )
+    kv_transfer_tokens_per_s: float = field(
+        default=200_000.0,
+        metadata=_help("decode role: KV transfer speed in prompt tokens per second"),
+    )
+    kv_hold_s: float = field(
+        default=30.0,
+        metadata=_help(
+            "prefill role: wall-clock seconds prefilled KV blocks are held for a decoder "
+            "(not scaled by --time-scale, like vLLM's lease)"
+        ),
+    )
+    drift_after_s: float | None = field(
+        default=None,
+        metadata=_help(
+            "fault: after this many wall-clock seconds, decode steps slow by --drift-factor"
+        ),
+    )
+    drift_factor: float = field(
+        default=2.0, metadata=_help("fault: decode-step multiplier once --drift-after-s has passed")
+    )
+    broken_metrics: bool = field(default=False, metadata=_help("fault: /metrics answers 500"))
+
+    def __post_init__(self) -> None:
+        positive = {
+            "max_model_len": self.max_model_len,
+            "max_num_seqs": self.max_num_seqs,
+            "max_num_batched_tokens": self.max_num_batched_tokens,
+            "kv_capacity_tokens": self.kv_capacity_tokens,
+            "prefill_tokens_per_s": self.prefill_tokens_per_s,
+            "kv_transfer_tokens_per_s": self.kv_transfer_tokens_per_s,
+            "output_len_mean": self.output_len_mean,
+            "stream_interval": self.stream_interval,
+            "drift_factor": self.drift_factor,
+        }
+        for name, value in positive.items():
+            if value <= 0:
+                raise ValueError(f"{name} must be positive, got {value}")
+        non_negative = {
+            "time_scale": self.time_scale,
+            "prefill_overhead_ms": self.prefill_overhead_ms,
+            "decode_base_ms": self.decode_base_ms,
+            "decode_per_seq_ms": self.decode_per_seq_ms,
+            "kv_transfer_base_ms": self.kv_transfer_base_ms,
+            "kv_hold_s": self.kv_hold_s,
+        }
+        for name, value in non_negative.items():
+            if value < 0:
+                raise ValueError(f"{name} must be >= 0, got {value}")
+        if self.drift_after_s is not None and self.drift_after_s < 0:
+            raise ValueError(f"drift_after_s must be >= 0, got {self.drift_after_s}")
+        if self.dialect not in ("vllm", "sglang", "openai"):
+            raise ValueError(f"unknown dialect {self.dialect!r}")
+        if self.role not in ("both", "prefill", "decode"):
+            raise ValueError(f"unknown role {self.role!r}")
+
+    @property
+    def context_len(self) -> int:
+        """The usable context: a lone sequence must always fit in the KV cache."""
+        return min(self.max_model_len, self.kv_capacity_tokens)
