@@ -1,0 +1,243 @@
+"""Periodic health checks and metrics scrapes of every configured engine.
+
+One task per engine runs probe rounds: GET /health and, when the engine has metrics
+(every `vllm`/`sglang` engine; an `openai` one until it answers 404), GET /metrics,
+concurrently, each bounded by `fleet.probe_timeout_s`. The outcomes go into the
+engine's `EngineHealth` (the decisions live there, in `state.py`); the pause before the
+next round comes from `backoff.py`. `start()` runs the first round for every engine and
+waits for it, so the router can place work as soon as it returns.
+
+Whenever an engine's placeability changes (or `monitoring_degraded()` does, which
+decides the router's /ready reason), subscribers are called synchronously on the loop,
+so requests waiting for an engine can be placed again. Staleness of a broken
+metrics endpoint is re-evaluated at the end of each round, so it is noticed at most one
+round (interval + probe timeout) after the deadline passes.
+
+Nothing here may end a probe task except `close()`: probe errors are outcomes, and any
+other exception is logged and the loop carries on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import aiohttp
+from prometheus_client import CollectorRegistry
+
+from narwhal.config import EngineConfig, FleetConfig
+from narwhal.fleet.backoff import next_delay
+from narwhal.fleet.metrics import FleetMetrics
+from narwhal.fleet.probe import check_health, scrape_metrics
+from narwhal.fleet.scrape import EngineScrape
+from narwhal.fleet.state import EngineHealth, HealthCheck, MetricsFailure, ScrapeResult
+
+log = logging.getLogger(__name__)
+
+
+class _Engine:
+    __slots__ = ("base_url", "config", "placeable", "state")
+
+    def __init__(self, config: EngineConfig, state: EngineHealth) -> None:
+        self.config = config
+        self.base_url = config.url.rstrip("/")
+        self.state = state
+        self.placeable = state.placeable  # as last announced to subscribers
+
+    def scrapes_metrics(self) -> bool:
+        return self.config.dialect != "openai" or self.state.metrics_supported is not False
+
+
+class FleetMonitor:
+    def __init__(
+        self,
+        engines: Sequence[EngineConfig],
+        fleet: FleetConfig,
+        session: aiohttp.ClientSession,
+        registry: CollectorRegistry,
+        *,
+        rng: random.Random | None = None,
+    ) -> None:
+        self._fleet = fleet
+        self._session = session
+        self._rng = rng if rng is not None else random.Random()
+        self._timeout = aiohttp.ClientTimeout(total=fleet.probe_timeout_s)
+        self._engines: dict[str, _Engine] = {}
+        for config in engines:
+            if config.name in self._engines:
+                raise ValueError(f"duplicate engine name {config.name!r}")
+            state = EngineHealth(stale_after_s=fleet.stale_after_s)
+            self._engines[config.name] = _Engine(config, state)
+        self._metrics = FleetMetrics(
+            registry, {name: e.state for name, e in self._engines.items()}, time.monotonic
+        )
+        self._subscribers: list[Callable[[], None]] = []
+        self._tasks: list[asyncio.Task[None]] = []
+        self._started = False
+        self._closed = False
+
+    async def start(self) -> None:
+        """Check every engine once (concurrently), then keep checking in the background."""
+        if self._started:
+            raise RuntimeError("FleetMonitor.start() called twice")
+        self._started = True
+        started_at = time.monotonic()
+        await asyncio.gather(*(self._guarded_round(e) for e in self._engines.values()))
+        if self._closed:  # close() ran while the first round was in flight
+            return
+        for name, engine in self._engines.items():
+            task = asyncio.create_task(self._run(engine, started_at), name=f"fleet-probe-{name}")
+            self._tasks.append(task)
+
+    async def close(self) -> None:
+        """Stop every probe task and wait for it; take the fleet's series off the registry."""
+        if not self._closed:
+            self._closed = True
+            self._metrics.unregister()
+        tasks, self._tasks = self._tasks, []
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    def health(self, name: str) -> EngineHealth:
+        """The engine's live state (KeyError for an unknown name). Do not modify it."""
+        return self._engines[name].state
+
+    def is_placeable(self, name: str) -> bool:
+        return self._engines[name].state.placeable
+
+    def monitoring_degraded(self) -> bool:
+        """No engine can take work, and monitoring (not health) is why for at least one."""
+        states = [e.state for e in self._engines.values()]
+        return (
+            bool(states)
+            and not any(s.placeable for s in states)
+            and any(s.healthy and s.monitoring_failed for s in states)
+        )
+
+    def subscribe(self, callback: Callable[[], None]) -> None:
+        """Call `callback()` on the loop whenever an engine's placeability changes (or,
+        with it or alone, `monitoring_degraded()`); it reads the new state itself."""
+        self._subscribers.append(callback)
+
+    def report(self, name: str, now: float) -> dict[str, Any]:
+        """The engine's monitoring view for /admin/engines; `now` from time.monotonic()."""
+        state = self._engines[name].state
+        age = state.scrape_age(now)
+        return {
+            "health": state.status,
+            "consecutive_failures": state.consecutive_failures,
+            "last_scrape": _scrape_view(state.last_scrape),
+            "scrape_age_s": None if age is None else round(age, 3),
+            "metrics": state.metrics_state(),
+        }
+
+    # --- the probe loop ----------------------------------------------------------------
+
+    async def _run(self, engine: _Engine, last_round_at: float) -> None:
+        while True:
+            delay = next_delay(
+                self._fleet.probe_interval_s, engine.state.consecutive_failures, self._rng
+            )
+            # Paced start to start, so a slow answer does not stretch the cadence; a round
+            # that overran starts the next at once (sleep(0) still yields to the loop).
+            await asyncio.sleep(max(0.0, last_round_at + delay - time.monotonic()))
+            last_round_at = time.monotonic()
+            await self._guarded_round(engine)
+
+    async def _guarded_round(self, engine: _Engine) -> None:
+        try:
+            await self._round(engine)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("fleet: probe round for engine %s failed", engine.config.name)
+
+    async def _round(self, engine: _Engine) -> None:
+        if engine.scrapes_metrics():
+            health, scrape = await asyncio.gather(self._check(engine), self._scrape(engine))
+        else:
+            health, scrape = await self._check(engine), None
+        now = time.monotonic()
+        state, name = engine.state, engine.config.name
+        was_status, was_degraded = state.status, self.monitoring_degraded()
+        state.record_health(health, now)
+        if health is not HealthCheck.OK:
+            self._metrics.count_failure(name, "health")
+        if scrape is not None:
+            state.record_scrape(scrape, now)
+            if isinstance(scrape, MetricsFailure) and state.metrics_supported is not False:
+                self._metrics.count_failure(name, "metrics")
+        else:
+            state.refresh(now)
+        _log_changes(name, state, health, was_status, engine.placeable, now)
+        self._announce(engine, was_degraded)
+
+    async def _check(self, engine: _Engine) -> HealthCheck:
+        try:
+            return await check_health(self._session, engine.base_url, self._timeout)
+        except Exception:
+            log.exception("fleet: health check of engine %s raised", engine.config.name)
+            return HealthCheck.ERROR
+
+    async def _scrape(self, engine: _Engine) -> ScrapeResult:
+        try:
+            return await scrape_metrics(
+                self._session, engine.base_url, engine.config.dialect, self._timeout
+            )
+        except Exception:
+            log.exception("fleet: metrics scrape of engine %s raised", engine.config.name)
+            return MetricsFailure.ERROR
+
+    def _announce(self, engine: _Engine, was_degraded: bool) -> None:
+        placeable, degraded = engine.state.placeable, self.monitoring_degraded()
+        if placeable == engine.placeable and degraded == was_degraded:
+            return
+        engine.placeable = placeable
+        if degraded != was_degraded:
+            log.warning("fleet: monitoring %s", "degraded" if degraded else "recovered")
+        for callback in list(self._subscribers):
+            try:
+                callback()
+            except Exception:
+                log.exception("fleet: placeability subscriber raised")
+
+
+def _log_changes(
+    name: str,
+    state: EngineHealth,
+    health: HealthCheck,
+    was_status: str,
+    was_placeable: bool,
+    now: float,
+) -> None:
+    if state.status != was_status:
+        if state.status == "up":
+            log.info("fleet: engine %s is up", name)
+        elif state.status == "down":
+            log.warning(
+                "fleet: engine %s is down (%s, %d consecutive failed checks)",
+                name,
+                health.value,
+                state.consecutive_failures,
+            )
+    elif state.healthy and state.placeable != was_placeable:
+        # Up all along, so metrics made the difference.
+        if state.placeable:
+            log.info("fleet: engine %s: metrics readable again", name)
+        else:
+            log.warning(
+                "fleet: engine %s out of placement: no good metrics scrape for %.1f s",
+                name,
+                state.scrape_age(now) or 0.0,
+            )
+
+
+def _scrape_view(scrape: EngineScrape | None) -> dict[str, float | None] | None:
+    if scrape is None:
+        return None
+    return {"running": scrape.running, "waiting": scrape.waiting, "kv_usage": scrape.kv_usage}

@@ -1,0 +1,73 @@
+"""The two HTTP probes of an engine, each turned into an outcome and never an exception.
+
+Transport errors are mapped onto the most specific outcome (see `state.HealthCheck`):
+`ClientConnectorError` (refused, unroutable, unresolvable) means nothing is listening;
+`TimeoutError` (aiohttp's `ServerTimeoutError` is one) means it did not answer in time;
+any other `aiohttp.ClientError` or `OSError` is a broken exchange. Anything else is a
+bug and propagates, for the monitor to log.
+
+Each request carries its own total timeout, covering connecting, headers and body, and
+sets `raise_for_status=False` so that statuses are read here whatever the shared
+session was built with.
+"""
+
+from __future__ import annotations
+
+import aiohttp
+
+from narwhal.fleet.scrape import parse_engine_metrics
+from narwhal.fleet.state import HealthCheck, MetricsFailure, ScrapeResult
+
+# 404 from /metrics: the engine has no such endpoint (transformers serve, DESIGN.md §4).
+_NOT_FOUND = 404
+# 503 from /health: the engine reports itself dead (PROTOCOL.md §5.2, §6.3).
+_UNAVAILABLE = 503
+
+
+async def check_health(
+    session: aiohttp.ClientSession, base_url: str, per_request: aiohttp.ClientTimeout
+) -> HealthCheck:
+    try:
+        async with session.get(
+            base_url + "/health", timeout=per_request, raise_for_status=False
+        ) as response:
+            # Read the (tiny) body so the connection goes back to the pool for reuse.
+            await response.read()
+            status = response.status
+    except TimeoutError:
+        return HealthCheck.TIMEOUT
+    except aiohttp.ClientConnectorError:
+        return HealthCheck.UNREACHABLE
+    except (aiohttp.ClientError, OSError):
+        return HealthCheck.ERROR
+    if 200 <= status < 300:
+        return HealthCheck.OK
+    return HealthCheck.UNHEALTHY if status == _UNAVAILABLE else HealthCheck.BAD_STATUS
+
+
+async def scrape_metrics(
+    session: aiohttp.ClientSession, base_url: str, dialect: str, per_request: aiohttp.ClientTimeout
+) -> ScrapeResult:
+    try:
+        async with session.get(
+            base_url + "/metrics", timeout=per_request, raise_for_status=False
+        ) as response:
+            body = await response.read()
+            status = response.status
+    except TimeoutError:
+        return MetricsFailure.TIMEOUT
+    except aiohttp.ClientConnectorError:
+        return MetricsFailure.UNREACHABLE
+    except (aiohttp.ClientError, OSError):
+        return MetricsFailure.ERROR
+    if status == _NOT_FOUND:
+        return MetricsFailure.ABSENT
+    if status != 200:
+        return MetricsFailure.BAD_STATUS
+    # The exposition format is UTF-8; a stray bad byte must not cost the whole page.
+    scrape = parse_engine_metrics(body.decode("utf-8", errors="replace"), dialect)
+    if scrape is not None:
+        return scrape
+    # A generic OpenAI server may serve /metrics for something else entirely (its own
+    # process metrics): for the scheduler that is the same as having none.
+    return MetricsFailure.ABSENT if dialect == "openai" else MetricsFailure.UNREADABLE

@@ -1,0 +1,131 @@
+"""What the router knows about one engine's health and load, and how checks change it.
+
+Sans-IO: the monitor performs the probes and passes each outcome in with the time
+(`time.monotonic()`), so every decision here is exact under test.
+
+Health: an engine starts `unknown` (not placeable) and the monitor checks it at once on
+start. One passing /health check makes it `up`. Failures take it `down` after a number
+of consecutive failed checks that depends on the latest failure (`STRIKES_TO_DOWN`):
+an engine that refuses connections or answers 503 has said it is gone, so one is enough;
+a timeout or an odd status may be one slow or garbled answer, so it takes two in a row.
+
+Metrics (DESIGN.md §4): a 404 (or, for the `openai` dialect, a page without any load
+metric) before /metrics has ever worked means the engine has none: `unsupported`, not a
+failure, and the engine is placed on /health alone. Once /metrics has worked, failing to
+read it is a monitoring failure as soon as the last good scrape is older than
+`stale_after_s`: the scheduler would be placing work on stale load figures.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import Final, Literal
+
+from narwhal.fleet.scrape import EngineScrape
+
+
+class HealthCheck(enum.Enum):
+    """The outcome of one GET /health."""
+
+    OK = "ok"  # any 2xx
+    UNREACHABLE = "unreachable"  # connection refused, no route, name not resolved
+    UNHEALTHY = "unhealthy"  # 503: vLLM's EngineDeadError, transformers' "unhealthy"
+    TIMEOUT = "timeout"  # no complete answer within fleet.probe_timeout_s
+    BAD_STATUS = "bad_status"  # any other status
+    ERROR = "error"  # connection dropped mid-answer, malformed HTTP, ...
+
+
+class MetricsFailure(enum.Enum):
+    """Why one GET /metrics gave no load figures."""
+
+    ABSENT = "absent"  # 404, or an `openai` engine's page with no load metric on it
+    UNREADABLE = "unreadable"  # 200, but none of the dialect's load metrics on the page
+    BAD_STATUS = "bad_status"
+    TIMEOUT = "timeout"
+    UNREACHABLE = "unreachable"
+    ERROR = "error"
+
+
+ScrapeResult = EngineScrape | MetricsFailure
+
+# Consecutive failed health checks that take an engine out, keyed by the latest failure.
+STRIKES_TO_DOWN: Final[dict[HealthCheck, int]] = {
+    HealthCheck.UNREACHABLE: 1,
+    HealthCheck.UNHEALTHY: 1,
+    HealthCheck.TIMEOUT: 2,
+    HealthCheck.BAD_STATUS: 2,
+    HealthCheck.ERROR: 2,
+}
+
+Status = Literal["unknown", "up", "down"]
+MetricsState = Literal["ok", "unsupported", "failed", "unknown"]
+
+
+@dataclass(slots=True)
+class EngineHealth:
+    """One engine's monitored state. Read it; only the monitor records into it."""
+
+    stale_after_s: float
+    status: Status = "unknown"
+    last_health_ok_at: float | None = None
+    consecutive_failures: int = 0
+    last_failure: HealthCheck | None = None
+    last_scrape: EngineScrape | None = None  # the last good one
+    last_scrape_at: float | None = None
+    # None: not known yet; False: the engine has no metrics (not a failure).
+    metrics_supported: bool | None = None
+    last_scrape_failed: bool = False
+    monitoring_failed: bool = False
+
+    @property
+    def healthy(self) -> bool:
+        return self.status == "up"
+
+    @property
+    def placeable(self) -> bool:
+        return self.healthy and not self.monitoring_failed
+
+    def record_health(self, check: HealthCheck, now: float) -> None:
+        if check is HealthCheck.OK:
+            self.status = "up"
+            self.last_health_ok_at = now
+            self.consecutive_failures = 0
+            self.last_failure = None
+            return
+        self.consecutive_failures += 1
+        self.last_failure = check
+        if self.consecutive_failures >= STRIKES_TO_DOWN[check]:
+            self.status = "down"
+
+    def record_scrape(self, result: ScrapeResult, now: float) -> None:
+        if isinstance(result, EngineScrape):
+            self.last_scrape = result
+            self.last_scrape_at = now
+            self.metrics_supported = True
+            self.last_scrape_failed = False
+        elif self.metrics_supported:
+            # It worked before: whatever the reason now, including a 404, it is broken.
+            self.last_scrape_failed = True
+        elif result is MetricsFailure.ABSENT:
+            self.metrics_supported = False
+        # Other failures before /metrics ever worked (the engine not up yet) leave it
+        # unknown: nothing has been lost that the scheduler relied on.
+        self.refresh(now)
+
+    def refresh(self, now: float) -> None:
+        """Re-evaluate what depends on time alone: staleness of the last good scrape."""
+        age = self.scrape_age(now)
+        self.monitoring_failed = (
+            self.last_scrape_failed and age is not None and age > self.stale_after_s
+        )
+
+    def scrape_age(self, now: float) -> float | None:
+        return None if self.last_scrape_at is None else max(0.0, now - self.last_scrape_at)
+
+    def metrics_state(self) -> MetricsState:
+        if self.monitoring_failed:
+            return "failed"
+        if self.metrics_supported is None:
+            return "unknown"
+        return "ok" if self.metrics_supported else "unsupported"
