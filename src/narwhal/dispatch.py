@@ -1,21 +1,24 @@
-"""Taking a validated request to an engine and back: placement, attempts, relay, accounting.
+"""Taking a validated request to engines and back: admission, placement, attempts, relay.
 
-    serve ─▶ choose an engine ─▶ attempt: open the stream, read its first events
-                 ▲                  │ failure before headers (retryable)
-                 └──── next engine ◀┘ at most fleet.max_attempts in all, then 502
-             ─▶ streaming: relay (headers go out with the first events in hand)
-             ─▶ non-streaming: assemble the whole stream (all of it is "before headers")
+    serve ─▶ retention ─▶ admission queue / prefill slot ─▶ plan (engine or P/D pair)
+                                                              │
+          ┌────────────── another placement ◀─ failure before headers (retryable)
+          ▼                                                   │
+        [prefill engine: one token, kv_transfer_params] ─▶ decode attempt: open the stream,
+                                                            read its first events
+          ─▶ streaming: relay (headers go out with the first events in hand)
+          ─▶ non-streaming: assemble the whole stream (all of it is before headers)
 
-Every attempt owns its upstream response and closes it in `finally`: on success, error,
-timeout, client disconnect and cancellation alike, so the engine sees a disconnect at once
-and no connection or count is left behind. The request deadline covers everything; before
-headers it is a 504 `terminal_expiry`, after them an error event.
+At most fleet.max_attempts decode attempts, then 502. Every attempt owns its upstream
+response and closes it in `finally` (success, error, timeout, disconnect, cancellation),
+so the engine sees a disconnect at once and no slot, count or connection is left behind.
+The request deadline covers everything: before headers a 504 `terminal_expiry`, after them
+an error event.
 """
 
 from __future__ import annotations
 
 import asyncio
-import random
 import time
 from typing import Any
 
@@ -28,9 +31,11 @@ from narwhal.api.responses import json_response
 from narwhal.api.service import RequestContext
 from narwhal.config import Config
 from narwhal.engines.client import EngineClient, EngineUnavailable
+from narwhal.engines.prefill import run_prefill
 from narwhal.engines.relay import collect, relay_stream
 from narwhal.engines.stream import EngineStream, StreamItem, TruncatedStream
-from narwhal.errors import BackendUnavailable, TerminalExpiry, UpstreamError
+from narwhal.errors import BackendUnavailable, RouterUnavailable, TerminalExpiry, UpstreamError
+from narwhal.fleet.monitor import FleetMonitor
 from narwhal.metrics import RouterMetrics
 from narwhal.protocol.assembly import Assembler
 from narwhal.protocol.events import EngineError, EngineOutputError
@@ -38,9 +43,10 @@ from narwhal.protocol.exposure import Exposure
 from narwhal.protocol.requests import CompletionRequest
 from narwhal.protocol.tracker import OutputTracker
 from narwhal.protocol.upstream import supplies_token_ids, upstream_body
-from narwhal.scheduler.placement import EngineLoad, InFlightScorer, choose
+from narwhal.scheduler.registry import EngineEntry, EngineRegistry
+from narwhal.scheduler.scheduler import NoCapacity, Plan, Scheduler
 
-# Failures that another placement may not repeat: engine down, engine error, bad output.
+# Failures another placement may not repeat: engine down, engine error, bad output.
 _RETRYABLE = (EngineUnavailable, EngineError, EngineOutputError, TruncatedStream)
 
 
@@ -48,58 +54,92 @@ class Dispatcher:
     def __init__(self, config: Config, metrics: RouterMetrics) -> None:
         self._config = config
         self._metrics = metrics
-        self._rng = random.Random()
-        self._scorer = InFlightScorer()
+        self.registry = EngineRegistry(config.engines)
+        self.scheduler = Scheduler(self.registry)
+        self._gate = AdmissionGate(config, metrics)
         self._session: aiohttp.ClientSession | None = None
         self._clients: dict[str, EngineClient] = {}
-        self._loads: dict[str, EngineLoad] = {}
-        self._gate = AdmissionGate(config, metrics)
+        self.monitor: FleetMonitor | None = None
+        # Set whenever capacity may have appeared (a request ended, an engine came back).
+        self._capacity = asyncio.Event()
 
     async def start(self) -> None:
-        connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=30, enable_cleanup_closed=True)
+        connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=30)
         self._session = aiohttp.ClientSession(
             connector=connector,
             timeout=aiohttp.ClientTimeout(total=None, sock_connect=5),
             auto_decompress=False,
         )
         for engine in self._config.engines:
-            if engine.role == "both":
-                self._clients[engine.name] = EngineClient(engine, self._session)
-                self._loads[engine.name] = EngineLoad(engine.name)
+            self._clients[engine.name] = EngineClient(engine, self._session)
+        monitor = FleetMonitor(
+            self._config.engines, self._config.fleet, self._session, self._metrics.registry
+        )
+        self.registry.set_health_predicate(monitor.is_placeable)
+        monitor.subscribe(self._capacity.set)
+        await monitor.start()
+        self.monitor = monitor
 
     async def close(self) -> None:
+        if self.monitor is not None:
+            await self.monitor.close()
         if self._session is not None:
             await self._session.close()
 
+    def capacity_changed(self) -> None:
+        """Placement may have changed (drain, maintenance): let waiting requests look again."""
+        self._capacity.set()
+
+    def router_unavailable_reason(self) -> str | None:
+        """Whole-wave maintenance or monitoring-degraded: the router refuses everything."""
+        if self.registry.whole_fleet_in_maintenance():
+            return "maintenance"
+        if self.monitor is not None and self.monitor.monitoring_degraded():
+            return "monitoring_degraded"
+        return None
+
     def readiness(self) -> str | None:
-        return None if self._clients else "no_engines"
+        reason = self.router_unavailable_reason()
+        if reason is not None:
+            return reason
+        return None if self.scheduler.has_path() else "no_engines"
 
     def engine_report(self) -> list[dict[str, Any]]:
-        return [
-            {
-                "name": engine.name,
-                "url": engine.url,
-                "dialect": engine.dialect,
-                "role": engine.role,
-                "wave": engine.wave,
-                "state": "up",
-                "eligible": engine.name in self._clients,
-                "token_accounting": (
-                    "token_ids"
-                    if supplies_token_ids(engine.dialect, "completion")
-                    else "unavailable"
-                ),
-                "profile": None,
-                "scores": {"in_flight": self._loads[engine.name].in_flight}
-                if engine.name in self._loads
-                else {},
-            }
-            for engine in self._config.engines
-        ]
+        now = time.monotonic()
+        report = []
+        for entry in self.registry.entries.values():
+            engine = entry.config
+            load = entry.load
+            report.append(
+                {
+                    "name": engine.name,
+                    "url": engine.url,
+                    "dialect": engine.dialect,
+                    "role": engine.role,
+                    "wave": engine.wave,
+                    "state": self.registry.state(entry),
+                    "eligible": self.registry.eligible(entry),
+                    "token_accounting": "token_ids" if engine.dialect == "vllm" else "unavailable",
+                    "profile": None,
+                    "scores": {
+                        "cost": self.scheduler.scorer.cost(load, 0),
+                        "prefilling": load.prefilling,
+                        "decoding": load.decoding,
+                        "prefill_tokens": load.prefill_tokens,
+                    },
+                    "monitoring": self.monitor.report(engine.name, now) if self.monitor else None,
+                }
+            )
+        return report
 
     async def serve(
         self, request: CompletionRequest, context: RequestContext, http: web.Request
     ) -> tuple[web.StreamResponse, str]:
+        reason = self.router_unavailable_reason()
+        if reason is not None:
+            raise RouterUnavailable(f"This router is not serving requests ({reason}).")
+        if not self.scheduler.has_path():
+            raise BackendUnavailable("No placement-eligible engine serves this request.")
         loop = asyncio.get_running_loop()
         deadline = loop.time() + (context.deadline - time.monotonic())
         gate = self._gate
@@ -111,6 +151,7 @@ class Dispatcher:
         finally:
             gate.release(ticket)
             gate.unhold()
+            self._capacity.set()
 
     async def _attempts(
         self,
@@ -120,78 +161,123 @@ class Dispatcher:
         ticket: Ticket,
         deadline: float,
     ) -> tuple[web.StreamResponse, str]:
-        exposure = Exposure(
-            token_ids=request.return_token_ids,
-            usage=request.include_usage,
-            continuous_usage=request.continuous_usage,
-        )
-        authorization = http.headers.get("Authorization")
         tried: set[str] = set()
         last_error: UpstreamError | None = None
         for _ in range(self._config.fleet.max_attempts):
-            load = self._place(context, tried)
-            if load is None:
+            plan = await self._plan(context.prompt_tokens, tried, deadline)
+            if plan is None:
                 break
-            tried.add(load.name)
-            client = self._clients[load.name]
-            tracker = OutputTracker(
-                request.route, token_ids=supplies_token_ids(client.dialect, request.route)
-            )
-            load.in_flight += 1
-            load.prefill_tokens += context.prompt_tokens
-            prefill_pending = True
-            stream: EngineStream | None = None
+            tried.add(plan.decode.config.name)
             try:
+                return await self._attempt(request, context, http, ticket, deadline, plan)
+            except _RETRYABLE as error:
+                last_error = error
+        if last_error is not None:
+            raise UpstreamError(f"The engines failed this request: {last_error.message}")
+        raise BackendUnavailable("No placement-eligible engine serves this request.")
+
+    async def _plan(self, prompt_tokens: int, tried: set[str], deadline: float) -> Plan | None:
+        """A placement; waits while every eligible engine is at its own phase limit."""
+        while True:
+            self._refresh_engine_loads()
+            try:
+                return self.scheduler.plan(prompt_tokens, tried)
+            except NoCapacity:
+                self._capacity.clear()
                 try:
                     async with asyncio.timeout_at(deadline):
-                        response = await client.open_stream(
-                            request.route,
-                            upstream_body(request, client.dialect),
-                            request_id=context.request_id,
-                            authorization=authorization,
-                        )
-                        stream = EngineStream(client.name, response, tracker)
-                        first = await _first_events(stream)
-                        load.prefill_tokens -= context.prompt_tokens
-                        prefill_pending = False
-                        self._gate.first_token(ticket)
-                        if not request.stream:
-                            assembler = Assembler(request.route, exposure)
-                            await collect(stream, first, assembler)
+                        await self._capacity.wait()
                 except TimeoutError:
                     self._metrics.expired.labels("deadline_before_headers").inc()
                     raise TerminalExpiry(
                         "The request deadline expired before the response started."
                     ) from None
-                except _RETRYABLE as error:
-                    last_error = error
-                    continue
-                if request.stream:
-                    result = await relay_stream(
-                        http, stream, first, exposure, context.request_id, deadline
-                    )
-                    if result[1] == "expired":
-                        self._metrics.expired.labels("deadline_streaming").inc()
-                    return result
-                completion_tokens, _ = tracker.output_tokens()
-                body = assembler.result(
-                    prompt_tokens=context.prompt_tokens, completion_tokens=completion_tokens
-                )
-                return json_response(body, request_id=context.request_id), "completed"
-            finally:
-                if stream is not None:
-                    stream.close()
-                    self._account(client.name, context, tracker)
-                load.in_flight -= 1
-                if prefill_pending:
-                    load.prefill_tokens -= context.prompt_tokens
-        if last_error is not None:
-            raise UpstreamError(f"All attempts failed; last: {last_error.message}")
-        raise BackendUnavailable("No placement-eligible engine serves this request.")
 
-    def _place(self, context: RequestContext, tried: set[str]) -> EngineLoad | None:
-        candidates = [load for name, load in self._loads.items() if name not in tried]
-        return choose(candidates, self._scorer, context.prompt_tokens, self._rng)
+    def _refresh_engine_loads(self) -> None:
+        """Correct Narwhal's own counts with each engine's last good metrics scrape."""
+        if self.monitor is None:
+            return
+        for name, entry in self.registry.entries.items():
+            scrape = self.monitor.health(name).last_scrape
+            if scrape is not None:
+                entry.load.engine_running = scrape.running or 0.0
+                entry.load.engine_waiting = scrape.waiting or 0.0
+
+    async def _attempt(
+        self,
+        request: CompletionRequest,
+        context: RequestContext,
+        http: web.Request,
+        ticket: Ticket,
+        deadline: float,
+        plan: Plan,
+    ) -> tuple[web.StreamResponse, str]:
+        """One placement: the optional prefill half, then the decode stream."""
+        decode_entry = plan.decode
+        client = self._clients[decode_entry.config.name]
+        exposure = Exposure(
+            token_ids=request.return_token_ids,
+            usage=request.include_usage,
+            continuous_usage=request.continuous_usage,
+        )
+        tracker = OutputTracker(
+            request.route, token_ids=supplies_token_ids(client.dialect, request.route)
+        )
+        authorization = http.headers.get("Authorization")
+        phase = _PhaseLoad(plan.prefill or decode_entry, context.prompt_tokens)
+        stream: EngineStream | None = None
+        try:
+            try:
+                async with asyncio.timeout_at(deadline):
+                    body = upstream_body(request, client.dialect)
+                    if plan.prefill is not None:
+                        prefill_client = self._clients[plan.prefill.config.name]
+                        body["kv_transfer_params"] = await run_prefill(
+                            prefill_client,
+                            request,
+                            request_id=context.request_id,
+                            authorization=authorization,
+                        )
+                        phase.end_prefill()
+                        self._gate.first_token(ticket)
+                        phase.start_decode(decode_entry)
+                    response = await client.open_stream(
+                        request.route,
+                        body,
+                        request_id=context.request_id,
+                        authorization=authorization,
+                    )
+                    stream = EngineStream(client.name, response, tracker)
+                    first = await _first_events(stream)
+                    if plan.prefill is None:
+                        phase.end_prefill()
+                        self._gate.first_token(ticket)
+                        phase.start_decode(decode_entry)
+                    if not request.stream:
+                        assembler = Assembler(request.route, exposure)
+                        await collect(stream, first, assembler)
+            except TimeoutError:
+                self._metrics.expired.labels("deadline_before_headers").inc()
+                raise TerminalExpiry(
+                    "The request deadline expired before the response started."
+                ) from None
+            if request.stream:
+                result = await relay_stream(
+                    http, stream, first, exposure, context.request_id, deadline
+                )
+                if result[1] == "expired":
+                    self._metrics.expired.labels("deadline_streaming").inc()
+                return result
+            completion_tokens, _ = tracker.output_tokens()
+            assembled = assembler.result(
+                prompt_tokens=context.prompt_tokens, completion_tokens=completion_tokens
+            )
+            return json_response(assembled, request_id=context.request_id), "completed"
+        finally:
+            phase.release()
+            if stream is not None:
+                stream.close()
+                self._account(client.name, context, tracker)
 
     def _account(self, engine: str, context: RequestContext, tracker: OutputTracker) -> None:
         metrics = self._metrics
@@ -203,6 +289,35 @@ class Dispatcher:
         tokens, source = tracker.output_tokens()
         if tokens:
             metrics.output_tokens.labels(engine, source).inc(tokens)
+
+
+class _PhaseLoad:
+    """What one attempt has placed on which engine, undone exactly once in `release`."""
+
+    __slots__ = ("_decode", "_prefill", "_tokens")
+
+    def __init__(self, prefill: EngineEntry, prompt_tokens: int) -> None:
+        self._tokens = prompt_tokens
+        self._prefill: EngineEntry | None = prefill
+        self._decode: EngineEntry | None = None
+        prefill.load.prefilling += 1
+        prefill.load.prefill_tokens += prompt_tokens
+
+    def end_prefill(self) -> None:
+        if self._prefill is not None:
+            self._prefill.load.prefilling -= 1
+            self._prefill.load.prefill_tokens -= self._tokens
+            self._prefill = None
+
+    def start_decode(self, entry: EngineEntry) -> None:
+        self._decode = entry
+        entry.load.decoding += 1
+
+    def release(self) -> None:
+        self.end_prefill()
+        if self._decode is not None:
+            self._decode.load.decoding -= 1
+            self._decode = None
 
 
 async def _first_events(stream: EngineStream) -> list[StreamItem]:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from aiohttp import web
 
+from narwhal.api.admin import AdminRoutes
 from narwhal.api.app import build_app
 from narwhal.api.completions import CompletionFront
 from narwhal.api.ops import OpsRoutes
@@ -29,6 +30,7 @@ class Router:
         )
         ops = OpsRoutes(config.model, self.metrics, self.dispatcher, self.state)
         self.app: web.Application = build_app(front, ops)
+        AdminRoutes(self.dispatcher, config.serving.admin_token).add_to(self.app)
         self.app.on_startup.append(self._on_startup)
         self.app.on_cleanup.append(self._on_cleanup)
 

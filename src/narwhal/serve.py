@@ -9,12 +9,14 @@ import sys
 from collections.abc import Callable, Coroutine
 from typing import Any
 
+import msgspec
 from aiohttp import web
 
-from narwhal.config import Config, ConfigError, load_config
+from narwhal.config import Config, ConfigError, EngineConfig, Role, load_config
 from narwhal.router import Router
 
 EMBEDDED_MODEL = "narwhal-sim"
+ROLES: tuple[Role, ...] = ("prefill", "decode")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -24,29 +26,49 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    try:
-        config = load_config(args.config) if args.config else embedded_config()
-    except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
     overrides: dict[str, Any] = {}
     if args.host is not None:
         overrides["host"] = args.host
     if args.port is not None:
         overrides["port"] = args.port
-    if overrides:
-        import msgspec
-
-        config = msgspec.structs.replace(
-            config, serving=msgspec.structs.replace(config.serving, **overrides)
-        )
-    run_event_loop(lambda: serve_forever(config))
+    if not args.config:
+        run_event_loop(lambda: serve_embedded(overrides))
+        return 0
+    try:
+        config = load_config(args.config)
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    run_event_loop(lambda: serve_forever(_with_serving(config, overrides)))
     return 0
 
 
-def embedded_config() -> Config:
-    """The embedded default: a router on loopback with no engines yet."""
-    return Config(model=EMBEDDED_MODEL, engines=())
+def _with_serving(config: Config, overrides: dict[str, Any]) -> Config:
+    if not overrides:
+        return config
+    serving = msgspec.structs.replace(config.serving, **overrides)
+    return msgspec.structs.replace(config, serving=serving)
+
+
+async def serve_embedded(overrides: dict[str, Any]) -> None:
+    """The embedded default: simulated engines (one prefill, one decode) in this process.
+
+    They speak the vLLM dialect on loopback ports of their own, so the router in front of
+    them runs exactly the code it runs in front of a real disaggregated vLLM fleet.
+    """
+    from narwhal.sim import SimOptions, start_sim
+
+    sims = [await start_sim(SimOptions(model=EMBEDDED_MODEL, role=role)) for role in ROLES]
+    try:
+        engines = tuple(
+            EngineConfig(name=f"sim-{role}", url=sim.url, role=role)
+            for role, sim in zip(ROLES, sims, strict=True)
+        )
+        config = Config(model=EMBEDDED_MODEL, engines=engines)
+        await serve_forever(_with_serving(config, overrides))
+    finally:
+        for sim in sims:
+            await sim.close()
 
 
 def run_event_loop(main: Callable[[], Coroutine[Any, Any, None]]) -> None:

@@ -28,7 +28,7 @@ class PromptSizer:
         if request.route == "chat":
             messages: Sequence[Mapping[str, object]] = body["messages"]
             if self._count_text is None:
-                return len(self._sim.chat_prompt_ids(messages))
+                return self._sim.chat_prompt_count(messages)
             return sum(
                 self._count_text(_message_text(m)) + _TEMPLATE_TOKENS_PER_MESSAGE for m in messages
             )

@@ -13,10 +13,11 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import aiohttp
-from multidict import CIMultiDict
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from multidict import CIMultiDict
+
 from tests.metrics_text import samples, total
 from tests.processes import NarwhalProcess, router_process
 

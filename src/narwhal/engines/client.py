@@ -39,6 +39,31 @@ class EngineClient:
         self._base = engine.url.rstrip("/")
         self._session = session
 
+    async def post_json(
+        self,
+        route: Route,
+        body: dict[str, Any],
+        *,
+        request_id: str,
+        authorization: str | None = None,
+    ) -> dict[str, Any]:
+        """POST a non-streaming request; its JSON object answer, or a mapped error."""
+        response = await self._post(route, body, request_id, authorization)
+        try:
+            if response.status != 200:
+                raise await self._status_error(response)
+            try:
+                answer = msgspec.json.decode(await response.read())
+            except (aiohttp.ClientError, OSError) as e:
+                raise EngineUnavailable(f"engine {self.name} answer broke: {e}") from e
+            except msgspec.DecodeError as e:
+                raise EngineUnavailable(f"engine {self.name} answered invalid JSON: {e}") from e
+            if not isinstance(answer, dict):
+                raise EngineUnavailable(f"engine {self.name} answered a non-object")
+            return answer
+        finally:
+            response.release()
+
     async def open_stream(
         self,
         route: Route,
@@ -48,21 +73,26 @@ class EngineClient:
         authorization: str | None = None,
     ) -> aiohttp.ClientResponse:
         """POST the body; the response once its status is 200, else a mapped error."""
-        headers = {"Content-Type": "application/json", "X-Request-Id": request_id}
-        if authorization:
-            headers["Authorization"] = authorization
-        try:
-            response = await self._session.post(
-                self._base + PATHS[route], data=_encoder.encode(body), headers=headers
-            )
-        except (TimeoutError, aiohttp.ClientError, OSError) as e:
-            raise EngineUnavailable(f"engine {self.name} unreachable: {_describe(e)}") from e
+        response = await self._post(route, body, request_id, authorization)
         if response.status == 200:
             return response
         try:
             raise await self._status_error(response)
         finally:
             response.release()
+
+    async def _post(
+        self, route: Route, body: dict[str, Any], request_id: str, authorization: str | None
+    ) -> aiohttp.ClientResponse:
+        headers = {"Content-Type": "application/json", "X-Request-Id": request_id}
+        if authorization:
+            headers["Authorization"] = authorization
+        try:
+            return await self._session.post(
+                self._base + PATHS[route], data=_encoder.encode(body), headers=headers
+            )
+        except (TimeoutError, aiohttp.ClientError, OSError) as e:
+            raise EngineUnavailable(f"engine {self.name} unreachable: {_describe(e)}") from e
 
     async def _status_error(self, response: aiohttp.ClientResponse) -> Exception:
         status = response.status

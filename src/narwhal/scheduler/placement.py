@@ -16,11 +16,19 @@ from typing import Protocol
 
 @dataclass(slots=True)
 class EngineLoad:
-    """What Narwhal has in flight on one engine."""
+    """What Narwhal has placed on one engine and is still in flight."""
 
     name: str
-    in_flight: int = 0
-    prefill_tokens: int = 0  # prompt tokens placed and not yet past their first token
+    prefilling: int = 0  # requests before their first token (or the prefill answer)
+    decoding: int = 0  # requests from their first token to their last event
+    prefill_tokens: int = 0  # prompt tokens of the requests still prefilling
+    # Corrections from the engine's own metrics (the last good scrape), when it has them.
+    engine_running: float = 0.0
+    engine_waiting: float = 0.0
+
+    @property
+    def in_flight(self) -> int:
+        return self.prefilling + self.decoding
 
 
 class Scorer(Protocol):
@@ -28,13 +36,20 @@ class Scorer(Protocol):
 
 
 class InFlightScorer:
-    """Cost = requests in flight, plus in-flight prefill work in units of a typical prompt."""
+    """Cost = the larger of Narwhal's own count of running requests and the engine's, plus
+    the engine's waiting requests, plus queued prefill work in units of a typical prompt.
+
+    Narwhal's count is exact and current; the engine's scrape is up to one probe interval
+    old but sees work from other routers and requests the engine queued itself. Taking the
+    larger of the two running counts uses whichever knows more.
+    """
 
     def __init__(self, prompt_tokens_per_request: float = 1024.0) -> None:
         self._unit = prompt_tokens_per_request
 
     def cost(self, load: EngineLoad, prompt_tokens: int) -> float:
-        return load.in_flight + load.prefill_tokens / self._unit
+        running = max(load.in_flight, load.engine_running)
+        return running + load.engine_waiting + load.prefill_tokens / self._unit
 
 
 def choose(

@@ -1,0 +1,118 @@
+"""Admin routes: the engine registry, drain and undrain, maintenance waves.
+
+They answer only on loopback, or to a request carrying the configured bearer token
+(`serving.admin_token`); anything else gets 403, so a router bound to a public address
+does not hand its fleet to whoever finds the port.
+"""
+
+from __future__ import annotations
+
+import hmac
+import ipaddress
+from collections.abc import Awaitable, Callable
+
+import msgspec
+from aiohttp import web
+
+from narwhal.api.responses import json_response
+from narwhal.dispatch import Dispatcher
+from narwhal.errors import InvalidRequest, NarwhalError
+
+
+class _Forbidden(NarwhalError):
+    status = 403
+    error_type = "permission_error"
+    code = "forbidden"
+
+
+class _UnknownEngine(NarwhalError):
+    status = 404
+    error_type = "invalid_request_error"
+    code = "engine_not_found"
+
+
+class AdminRoutes:
+    def __init__(self, dispatcher: Dispatcher, admin_token: str | None) -> None:
+        self._dispatcher = dispatcher
+        self._token = admin_token
+
+    def add_to(self, app: web.Application) -> None:
+        app.router.add_get("/admin/engines", self.engines)
+        app.router.add_post("/admin/engines/{name}/drain", self.drain)
+        app.router.add_post("/admin/engines/{name}/undrain", self.undrain)
+        app.router.add_post("/admin/maintenance", self.maintenance)
+
+    async def engines(self, request: web.Request) -> web.StreamResponse:
+        return await self._guarded(request, self._engines)
+
+    async def drain(self, request: web.Request) -> web.StreamResponse:
+        return await self._guarded(request, self._set_drained, True)
+
+    async def undrain(self, request: web.Request) -> web.StreamResponse:
+        return await self._guarded(request, self._set_drained, False)
+
+    async def maintenance(self, request: web.Request) -> web.StreamResponse:
+        return await self._guarded(request, self._maintenance)
+
+    async def _guarded(
+        self,
+        request: web.Request,
+        handler: Callable[..., Awaitable[web.Response]],
+        *args: object,
+    ) -> web.Response:
+        try:
+            self._authorize(request)
+            return await handler(request, *args)
+        except NarwhalError as error:
+            return json_response(error.envelope(), status=error.status)
+
+    def _authorize(self, request: web.Request) -> None:
+        if self._token is not None:
+            offered = request.headers.get("Authorization", "")
+            if hmac.compare_digest(offered.encode(), f"Bearer {self._token}".encode()):
+                return
+        if _is_loopback(request.remote):
+            return
+        raise _Forbidden("Admin routes answer on loopback, or with the admin bearer token.")
+
+    async def _engines(self, request: web.Request) -> web.Response:
+        return json_response({"engines": self._dispatcher.engine_report()})
+
+    async def _set_drained(self, request: web.Request, drained: bool) -> web.Response:
+        name = request.match_info["name"]
+        entry = self._dispatcher.registry.get(name)
+        if entry is None:
+            raise _UnknownEngine(f"No engine named {name!r}.", param="name")
+        entry.drained = drained
+        self._dispatcher.capacity_changed()
+        return json_response({"name": name, "drained": drained})
+
+    async def _maintenance(self, request: web.Request) -> web.Response:
+        try:
+            body = msgspec.json.decode(await request.read())
+        except msgspec.DecodeError as e:
+            raise InvalidRequest(f"Invalid JSON body: {e}") from None
+        if not isinstance(body, dict):
+            raise InvalidRequest("The body must be an object {wave, action}.")
+        wave = body.get("wave")
+        action = body.get("action")
+        if not isinstance(wave, int) or isinstance(wave, bool) or wave < 0:
+            raise InvalidRequest("'wave' must be a nonnegative integer.", param="wave")
+        if action not in ("start", "end"):
+            raise InvalidRequest("'action' must be 'start' or 'end'.", param="action")
+        waves = self._dispatcher.registry.active_waves
+        if action == "start":
+            waves.add(wave)
+        else:
+            waves.discard(wave)
+        self._dispatcher.capacity_changed()
+        return json_response({"active_waves": sorted(waves)})
+
+
+def _is_loopback(remote: str | None) -> bool:
+    if remote is None:
+        return False
+    try:
+        return ipaddress.ip_address(remote).is_loopback
+    except ValueError:
+        return False

@@ -1,0 +1,73 @@
+"""Engine dialects: generic OpenAI-compatible servers and SGLang behind Narwhal."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import aiohttp
+import pytest
+
+from tests.e2e.conftest import chat, completion, fleet_config, metrics_of, send, sim_process
+from tests.processes import NarwhalProcess, router_process
+
+
+@pytest.fixture(scope="module")
+def openai_router() -> Iterator[NarwhalProcess]:
+    # The simulated generic server answers 422 to vLLM-only fields, like transformers serve.
+    with sim_process("--time-scale", "0", "--dialect", "openai") as sim:
+        with router_process(fleet_config([("o0", sim, "openai")])) as process:
+            yield process
+
+
+@pytest.fixture(scope="module")
+def sglang_router() -> Iterator[NarwhalProcess]:
+    with sim_process("--time-scale", "0", "--dialect", "sglang") as sim:
+        with router_process(fleet_config([("g0", sim, "sglang")])) as process:
+            yield process
+
+
+async def test_openai_engine_gets_no_vllm_fields_and_the_stream_ends_properly(
+    openai_router: NarwhalProcess,
+) -> None:
+    reply = await send(openai_router.url, chat(stream=True, max_tokens=6, return_token_ids=True))
+    assert reply.status == 200, reply.raw
+    events = reply.events()
+    assert events[-1] == "[DONE]"  # the engine sent none; the stream still ends as OpenAI's
+    assert all("usage" not in e for e in events if isinstance(e, dict))
+
+
+async def test_openai_engine_usage_on_the_finishing_chunk(openai_router: NarwhalProcess) -> None:
+    reply = await send(
+        openai_router.url,
+        chat(stream=True, max_tokens=6, stream_options={"include_usage": True}),
+    )
+    usage = [e["usage"] for e in reply.events() if isinstance(e, dict) and e.get("usage")]
+    assert len(usage) == 1 and usage[0]["completion_tokens"] > 0
+
+
+async def test_openai_engine_non_streaming_and_accounting(openai_router: NarwhalProcess) -> None:
+    reply = await send(openai_router.url, completion(max_tokens=7))
+    assert reply.status == 200, reply.raw
+    body = reply.json()
+    assert body["object"] == "text_completion" and body["usage"]["completion_tokens"] > 0
+    async with aiohttp.ClientSession() as session:
+        async with session.get(openai_router.url + "/admin/engines") as resp:
+            (engine,) = (await resp.json())["engines"]
+    assert engine["token_accounting"] == "unavailable"
+    values = await metrics_of(openai_router.url)
+    assert values['narwhal_output_tokens_total{engine="o0",source="usage"}'] > 0
+
+
+@pytest.mark.parametrize("stream", [True, False])
+async def test_sglang_engine_chat_and_completions(
+    sglang_router: NarwhalProcess, stream: bool
+) -> None:
+    for body in (chat(stream=stream, max_tokens=5), completion(stream=stream, max_tokens=5)):
+        reply = await send(sglang_router.url, body)
+        assert reply.status == 200, reply.raw
+        if stream:
+            assert reply.events()[-1] == "[DONE]"
+        else:
+            assert reply.json()["usage"]["completion_tokens"] > 0
+    values = await metrics_of(sglang_router.url)
+    assert values['narwhal_output_tokens_total{engine="g0",source="token_ids"}'] > 0

@@ -1,0 +1,276 @@
+"""End to end: client -> Narwhal -> `narwhal sim` -> client, streaming and not.
+
+The seed's "Streaming and response assembly" and "Token identity and output accounting"
+sections, against real processes over loopback.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from tests.e2e.conftest import (
+    Reply,
+    chat,
+    completion,
+    fleet_config,
+    metrics_of,
+    send,
+    settle,
+    sim_process,
+)
+from tests.processes import NarwhalProcess, router_process
+
+
+@pytest.fixture(scope="module")
+def vllm_sim() -> Iterator[NarwhalProcess]:
+    with sim_process("--time-scale", "0", "--seed", "7") as sim:
+        yield sim
+
+
+@pytest.fixture(scope="module")
+def router(vllm_sim: NarwhalProcess) -> Iterator[NarwhalProcess]:
+    config = fleet_config([("v0", vllm_sim, "vllm")], fleet={"max_attempts": 1})
+    with router_process(config) as process:
+        yield process
+
+
+def content_of(events: list[Any]) -> str:
+    return "".join(
+        (e["choices"][0].get("delta", {}).get("content") or "")
+        if "delta" in e["choices"][0]
+        else (e["choices"][0].get("text") or "")
+        for e in events
+        if isinstance(e, dict) and e.get("choices")
+    )
+
+
+def data_events(reply: Reply) -> list[dict[str, Any]]:
+    return [e for e in reply.events() if isinstance(e, dict)]
+
+
+def strip_unrequested(event: dict[str, Any]) -> dict[str, Any]:
+    """What a direct vLLM reply holds that Narwhal's may leave out: null id lists."""
+    event = {k: v for k, v in event.items() if not (k == "prompt_token_ids" and v is None)}
+    event["choices"] = [
+        {k: v for k, v in c.items() if not (k in ("token_ids", "prompt_token_ids") and v is None)}
+        for c in event.get("choices", [])
+    ]
+    event.pop("id", None)
+    event.pop("created", None)
+    # vLLM puts system_fingerprint on the usage chunk when one is sent, else on the last
+    # chunk; Narwhal always asks for usage and drops the chunk for clients that did not.
+    event.pop("system_fingerprint", None)
+    return event
+
+
+@pytest.mark.parametrize("make", [chat, completion])
+async def test_stream_is_the_engines_stream(
+    router: NarwhalProcess, vllm_sim: NarwhalProcess, make: Any
+) -> None:
+    body = make("Tell me a story", stream=True, max_tokens=12)
+    direct = await send(vllm_sim.url, body)
+    relayed = await send(router.url, body)
+    assert relayed.status == 200
+    assert relayed.headers["Content-Type"].startswith("text/event-stream")
+    assert relayed.headers["X-Request-Id"]
+    assert relayed.events()[-1] == "[DONE]"
+    assert [strip_unrequested(e) for e in data_events(relayed)] == [
+        strip_unrequested(e) for e in data_events(direct)
+    ]
+    for event in data_events(relayed):
+        assert "prompt_token_ids" not in event
+        for choice in event["choices"]:
+            assert "token_ids" not in choice
+        assert "usage" not in event
+
+
+@pytest.mark.parametrize("make", [chat, completion])
+async def test_ids_and_usage_reach_clients_that_ask(router: NarwhalProcess, make: Any) -> None:
+    body = make(
+        "Count to ten",
+        stream=True,
+        max_tokens=10,
+        return_token_ids=True,
+        stream_options={"include_usage": True},
+    )
+    reply = await send(router.url, body)
+    events = data_events(reply)
+    usage_events = [e for e in events if e.get("usage")]
+    assert len(usage_events) == 1 and usage_events[0]["choices"] == []
+    ids = [i for e in events for c in e["choices"] for i in (c.get("token_ids") or [])]
+    assert len(ids) == usage_events[0]["usage"]["completion_tokens"]
+    prompt_ids = [
+        e.get("prompt_token_ids") or e["choices"][0].get("prompt_token_ids")
+        for e in events
+        if e["choices"]
+    ]
+    assert any(prompt_ids)
+    assert reply.events()[-1] == "[DONE]"
+
+
+async def test_usage_without_ids(router: NarwhalProcess) -> None:
+    reply = await send(
+        router.url, chat(stream=True, max_tokens=5, stream_options={"include_usage": True})
+    )
+    events = data_events(reply)
+    assert events[-1]["choices"] == [] and events[-1]["usage"]["completion_tokens"] >= 1
+    assert all("token_ids" not in c for e in events for c in e["choices"])
+
+
+@pytest.mark.parametrize("make", [chat, completion])
+async def test_non_streaming_is_assembled_from_the_stream(
+    router: NarwhalProcess, vllm_sim: NarwhalProcess, make: Any
+) -> None:
+    body = make("Describe the sea", max_tokens=16)
+    direct = await send(vllm_sim.url, body)
+    reply = await send(router.url, body)
+    assert reply.status == 200, reply.raw
+    assembled, engine = reply.json(), direct.json()
+    key = "message" if "messages" in body else None
+    got = assembled["choices"][0]
+    want = engine["choices"][0]
+    if key:
+        assert assembled["object"] == "chat.completion"
+        assert got["message"]["content"] == want["message"]["content"]
+        assert got["message"]["role"] == "assistant"
+    else:
+        assert assembled["object"] == "text_completion"
+        assert got["text"] == want["text"]
+    assert got["finish_reason"] == want["finish_reason"]
+    assert assembled["usage"]["completion_tokens"] == engine["usage"]["completion_tokens"]
+    assert assembled["usage"]["prompt_tokens"] == engine["usage"]["prompt_tokens"]
+    assert assembled["model"] == engine["model"]
+    assert "token_ids" not in got and "prompt_token_ids" not in assembled
+
+
+async def test_non_streaming_ids_for_clients_that_ask(router: NarwhalProcess) -> None:
+    reply = await send(router.url, chat(max_tokens=9, return_token_ids=True))
+    body = reply.json()
+    assert len(body["choices"][0]["token_ids"]) == body["usage"]["completion_tokens"]
+    assert body["prompt_token_ids"]
+    reply = await send(router.url, completion(max_tokens=9, return_token_ids=True))
+    choice = reply.json()["choices"][0]
+    assert choice["prompt_token_ids"] and len(choice["token_ids"]) >= 1
+
+
+async def test_tool_calls_streamed_and_assembled(router: NarwhalProcess) -> None:
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {}}}]
+    streamed = await send(router.url, chat("#sim:tool_calls weather?", stream=True, tools=tools))
+    calls: dict[int, dict[str, str]] = {}
+    for event in data_events(streamed):
+        for choice in event["choices"]:
+            for fragment in choice["delta"].get("tool_calls") or []:
+                call = calls.setdefault(fragment["index"], {"id": "", "name": "", "args": ""})
+                call["id"] += fragment.get("id") or ""
+                function = fragment.get("function") or {}
+                call["name"] += function.get("name") or ""
+                call["args"] += function.get("arguments") or ""
+    assert len(calls) == 2
+    reply = await send(router.url, chat("#sim:tool_calls weather?", tools=tools))
+    assert reply.status == 200, reply.raw
+    choice = reply.json()["choices"][0]
+    assert choice["finish_reason"] == "tool_calls"
+    assembled = choice["message"]["tool_calls"]
+    assert [c["function"]["arguments"] for c in assembled] == [
+        calls[i]["args"] for i in sorted(calls)
+    ]
+    for call in assembled:
+        assert call["id"] and call["function"]["name"] and call["type"] == "function"
+
+
+@pytest.mark.parametrize(
+    ("scenario", "field"),
+    [("reasoning", "reasoning"), ("refusal", "refusal"), ("function_call", "function_call")],
+)
+async def test_other_delta_fields_are_assembled(
+    router: NarwhalProcess, scenario: str, field: str
+) -> None:
+    streamed = await send(router.url, chat(f"#sim:{scenario} hi", stream=True, max_tokens=20))
+    assert streamed.status == 200
+    assert any(field in c["delta"] for e in data_events(streamed) for c in e["choices"])
+    reply = await send(router.url, chat(f"#sim:{scenario} hi", max_tokens=20))
+    assert reply.status == 200, reply.raw
+    message = reply.json()["choices"][0]["message"]
+    assert message.get(field)
+
+
+async def test_logprobs_concatenate_in_both_shapes(router: NarwhalProcess) -> None:
+    reply = await send(router.url, chat("hi", max_tokens=6, logprobs=True, top_logprobs=2))
+    body = reply.json()
+    assert len(body["choices"][0]["logprobs"]["content"]) == body["usage"]["completion_tokens"]
+    reply = await send(router.url, completion("hi", max_tokens=6, logprobs=2))
+    body = reply.json()
+    logprobs = body["choices"][0]["logprobs"]
+    n = body["usage"]["completion_tokens"]
+    assert len(logprobs["tokens"]) == len(logprobs["token_logprobs"]) == n
+    assert logprobs["text_offset"] == sorted(logprobs["text_offset"])
+
+
+@pytest.mark.parametrize(
+    "fault", ["no_token_ids", "bool_token_id", "negative_token_id", "malformed_token_ids"]
+)
+async def test_bad_token_ids_fail_the_attempt(router: NarwhalProcess, fault: str) -> None:
+    before = await metrics_of(router.url)
+    reply = await send(router.url, chat(f"#sim:{fault} go", max_tokens=12))
+    assert reply.status == 502
+    assert reply.json()["error"]["code"] == "upstream_error"
+    streamed = await send(router.url, chat(f"#sim:{fault} go", max_tokens=12, stream=True))
+    if streamed.status == 200:  # the bad event came after the headers
+        events = streamed.events()
+        assert "[DONE]" not in events
+        assert events[-1]["error"]["code"] == "upstream_error"
+    else:
+        assert streamed.status == 502
+    after = await metrics_of(router.url)
+    key = 'narwhal_outcomes_total{outcome="upstream_error"}'
+    assert after[key] == before[key] + 2
+
+
+@pytest.mark.parametrize("fault", ["audio_delta", "annotations"])
+async def test_unsupported_fields_with_values_are_502_when_assembled(
+    router: NarwhalProcess, fault: str
+) -> None:
+    reply = await send(router.url, chat(f"#sim:{fault} go", max_tokens=8))
+    assert reply.status == 502
+    streamed = await send(router.url, chat(f"#sim:{fault} go", max_tokens=8, stream=True))
+    assert streamed.status == 200 and streamed.events()[-1] == "[DONE]"  # forwarded as sent
+
+
+@pytest.mark.parametrize("fault", ["error_midstream", "disconnect_midstream"])
+async def test_midstream_failures(router: NarwhalProcess, fault: str) -> None:
+    streamed = await send(router.url, chat(f"#sim:{fault}=5 go", max_tokens=40, stream=True))
+    if streamed.status == 200:  # the failure came after the first events went out
+        events = streamed.events()
+        assert "[DONE]" not in events
+        assert set(events[-1]) == {"error"}
+        assert events[-1]["error"]["code"] == "upstream_error"
+    else:  # the failure arrived with the first events: still a proper status
+        assert streamed.status == 502
+    reply = await send(router.url, chat(f"#sim:{fault} go", max_tokens=20))
+    assert reply.status == 502
+
+
+async def test_engine_500_is_502(router: NarwhalProcess) -> None:
+    reply = await send(router.url, chat("#sim:http_500 go"))
+    assert reply.status == 502
+    assert reply.json()["error"]["code"] == "upstream_error"
+
+
+async def test_router_metrics_after_traffic(router: NarwhalProcess) -> None:
+    await send(router.url, chat(stream=True, max_tokens=5))
+    values = await settle(router.url, lambda v: v["narwhal_decode_slots_in_use"] == 0)
+    assert any(k.startswith('narwhal_ttft_seconds_count{engine="v0"') for k in values)
+    assert values['narwhal_output_tokens_total{engine="v0",source="token_ids"}'] > 0
+    offered = values["narwhal_offered_total"]
+    outcomes = sum(v for k, v in values.items() if k.startswith("narwhal_outcomes_total{"))
+    assert offered == outcomes
+    for gauge in (
+        "narwhal_prefill_slots_in_use",
+        "narwhal_decode_slots_in_use",
+        "narwhal_admission_queue_depth",
+        "narwhal_retained_requests",
+    ):
+        assert values[gauge] == 0
