@@ -71,6 +71,9 @@ class FleetConfig(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True)
     stale_after_s: PositiveSeconds = 5.0
     probe_timeout_s: PositiveSeconds = 1.0
     max_attempts: PositiveInt = 2
+    # How to choose among eligible engines: by load (Narwhal's own in-flight work corrected
+    # by the engines' metrics) or round robin (for comparison; what simple proxies do).
+    policy: Literal["load", "round_robin"] = "load"
 
 
 class HAConfig(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):

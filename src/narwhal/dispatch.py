@@ -55,7 +55,9 @@ class Dispatcher:
         self._config = config
         self._metrics = metrics
         self.registry = EngineRegistry(config.engines)
-        self.scheduler = Scheduler(self.registry)
+        self.scheduler = Scheduler(
+            self.registry, round_robin=config.fleet.policy == "round_robin"
+        )
         self._gate = AdmissionGate(config, metrics)
         self._session: aiohttp.ClientSession | None = None
         self._clients: dict[str, EngineClient] = {}
@@ -247,7 +249,8 @@ class Dispatcher:
                         request_id=context.request_id,
                         authorization=authorization,
                     )
-                    stream = EngineStream(client.name, response, tracker)
+                    scan = request.stream and client.dialect == "vllm"
+                    stream = EngineStream(client.name, response, tracker, scan=scan)
                     first = await _first_events(stream)
                     if plan.prefill is None:
                         phase.end_prefill()

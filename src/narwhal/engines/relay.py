@@ -23,9 +23,9 @@ from narwhal.api.service import ClientGone
 from narwhal.engines.stream import EngineStream, StreamItem
 from narwhal.errors import NarwhalError, TerminalExpiry
 from narwhal.protocol.assembly import Assembler
-from narwhal.protocol.events import encode_event
+from narwhal.protocol.events import encode_sse_event
 from narwhal.protocol.exposure import Exposed, Exposure, apply_exposure, needs_rewrite
-from narwhal.protocol.sse import format_event
+from narwhal.protocol.fastscan import strip_id_lists
 
 _DONE_EVENT = b"data: [DONE]\n\n"
 SSE_HEADERS = {
@@ -38,17 +38,19 @@ SSE_HEADERS = {
 def render(items: list[StreamItem], exposure: Exposure, rewrite: bool) -> bytes:
     """The bytes the client gets for these events; `[DONE]` is written by the relay."""
     out: list[bytes] = []
-    for event, decoded in items:
-        if decoded is None:
+    for event, decoded, done in items:
+        if done:
             continue
         if not rewrite:
             out.append(event.raw)
-            continue
-        verdict = apply_exposure(decoded, exposure)
-        if verdict is Exposed.UNCHANGED:
-            out.append(event.raw)
-        elif verdict is Exposed.CHANGED:
-            out.append(format_event(encode_event(decoded), event.event))
+        elif decoded is None:  # a scanned plain chunk: only its ID lists may go
+            out.append(event.raw if exposure.token_ids else strip_id_lists(event.raw))
+        else:
+            verdict = apply_exposure(decoded, exposure)
+            if verdict is Exposed.UNCHANGED:
+                out.append(event.raw)
+            elif verdict is Exposed.CHANGED:
+                out.append(encode_sse_event(decoded, event.event))
     return b"".join(out)
 
 
@@ -91,10 +93,10 @@ async def relay_stream(
 
 async def collect(stream: EngineStream, first: list[StreamItem], assembler: Assembler) -> None:
     """Feed the whole engine stream to the assembler (non-streaming clients)."""
-    for _, decoded in first:
-        if decoded is not None:
-            assembler.add(decoded)
+    for item in first:
+        if item.decoded is not None:
+            assembler.add(item.decoded)
     while (items := await stream.read_batch()) is not None:
-        for _, decoded in items:
-            if decoded is not None:
-                assembler.add(decoded)
+        for item in items:
+            if item.decoded is not None:
+                assembler.add(item.decoded)

@@ -8,19 +8,25 @@ nothing waits for more bytes than the engine already sent).
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Any, NamedTuple
 
 import aiohttp
 
 from narwhal.errors import UpstreamError
 from narwhal.protocol.events import decode_event
+from narwhal.protocol.fastscan import scan_chunk
 from narwhal.protocol.sse import SSEDecoder, SSEEvent
 from narwhal.protocol.tracker import OutputTracker
 
-# (the SSE event as received, its decoded JSON) — None for `[DONE]`.
-StreamItem = tuple[SSEEvent, dict[str, Any] | None]
-
 _DONE = b"[DONE]"
+
+
+class StreamItem(NamedTuple):
+    """One engine event: as received, and decoded unless the fast path vouched for it."""
+
+    sse: SSEEvent
+    decoded: dict[str, Any] | None  # None for a scanned plain chunk and for [DONE]
+    done: bool = False
 
 
 class TruncatedStream(UpstreamError):
@@ -29,9 +35,17 @@ class TruncatedStream(UpstreamError):
 
 class EngineStream:
     def __init__(
-        self, engine_name: str, response: aiohttp.ClientResponse, tracker: OutputTracker
+        self,
+        engine_name: str,
+        response: aiohttp.ClientResponse,
+        tracker: OutputTracker,
+        *,
+        scan: bool = False,
     ) -> None:
+        """`scan`: vouch for plain chunks on the bytes (`fastscan`) instead of decoding them;
+        only for token-ID engines relayed to a streaming client."""
         self.engine_name = engine_name
+        self._scan = scan
         self.tracker = tracker
         self.done = False  # `data: [DONE]` seen
         self._response = response
@@ -59,16 +73,23 @@ class EngineStream:
             return None
         now = time.monotonic()
         tracker = self.tracker
+        scan = self._scan
         items: list[StreamItem] = []
         for event in self._decoder.feed(chunk):
             data = event.data
+            if scan:
+                count = scan_chunk(data)
+                if count is not None:
+                    tracker.observe_scanned(count, now)
+                    items.append(StreamItem(event, None))
+                    continue
             if data == _DONE:
                 self.done = True
-                items.append((event, None))
+                items.append(StreamItem(event, None, True))
                 continue
             decoded = decode_event(data)
             tracker.observe(decoded, now)
-            items.append((event, decoded))
+            items.append(StreamItem(event, decoded))
         return items
 
     def close(self) -> None:

@@ -34,10 +34,14 @@ class Scheduler:
         registry: EngineRegistry,
         scorer: Scorer | None = None,
         rng: random.Random | None = None,
+        *,
+        round_robin: bool = False,
     ) -> None:
         self.registry = registry
         self.scorer = scorer or InFlightScorer()
         self._rng = rng or random.Random()
+        self._round_robin = round_robin
+        self._turn: dict[Phase, int] = {}
 
     def has_path(self) -> bool:
         """Whether any request could be placed now (ignoring per-engine limits)."""
@@ -77,6 +81,10 @@ class Scheduler:
         open_ = [e for e in fresh if _has_room(e, phase)]
         if not open_:
             raise NoCapacity()
+        if self._round_robin:
+            turn = self._turn.get(phase, 0)
+            self._turn[phase] = turn + 1
+            return open_[turn % len(open_)]
         by_name = {e.config.name: e for e in open_}
         load = choose([e.load for e in open_], self.scorer, prompt_tokens, self._rng)
         return None if load is None else by_name[load.name]

@@ -1,0 +1,474 @@
+"""Shared harness of the performance scripts: processes, router configs, bench runs, tables.
+
+Every process is a subprocess of this interpreter (`sys.executable -m narwhal ...`), bound
+to 127.0.0.1 on an ephemeral port (read from its `... listening on http://HOST:PORT` line),
+started in its own session so a terminal's Ctrl-C reaches only this script, and stopped by
+PID (SIGTERM, then SIGKILL) when the `Processes` context exits: on success, on error, on
+Ctrl-C and on SIGTERM (turned into `SystemExit` by `install_signal_handlers`).
+
+CPU time is utime+stime from /proc/PID/stat of the process and its live descendants, plus
+the time of children it has already reaped (cutime+cstime). Peak memory is VmHWM from
+/proc/PID/status (the resident high-water mark since the process started, so start a fresh
+process for each figure you want a peak of).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import resource
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import FrameType, TracebackType
+from typing import Any
+
+HOST = "127.0.0.1"
+MODEL = "narwhal-sim"
+NARWHAL = (sys.executable, "-m", "narwhal")
+# Admission open and limits far above any load these scripts offer: the router only routes.
+GENEROUS_LIMIT = 100_000
+_LISTENING = re.compile(r"listening on (http://[0-9.]+:\d+)")
+_CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+def log(message: str) -> None:
+    """Progress on stderr, so stdout keeps only the tables."""
+    print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+def install_signal_handlers() -> None:
+    """SIGTERM and SIGHUP exit through `finally` blocks, as Ctrl-C does."""
+
+    def _exit(signum: int, _frame: FrameType | None) -> None:
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, _exit)
+    signal.signal(signal.SIGHUP, _exit)
+
+
+def nofile_limits() -> tuple[int, int]:
+    """(soft, hard) RLIMIT_NOFILE of this process; children get the hard one as soft."""
+    return resource.getrlimit(resource.RLIMIT_NOFILE)
+
+
+def _raise_nofile() -> None:
+    # Runs in the child between fork and exec: every socket of every stream is a descriptor.
+    _soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+
+
+# --- /proc ----------------------------------------------------------------------------
+
+
+def _descendants(pid: int) -> list[int]:
+    """pid and every live descendant (via /proc/PID/task/TID/children)."""
+    found = [pid]
+    index = 0
+    while index < len(found):
+        current = found[index]
+        index += 1
+        with contextlib.suppress(OSError):
+            for task in os.listdir(f"/proc/{current}/task"):
+                with contextlib.suppress(OSError):
+                    with open(f"/proc/{current}/task/{task}/children") as f:
+                        found.extend(int(child) for child in f.read().split())
+    return found
+
+
+def cpu_seconds(pid: int) -> float:
+    """utime+stime of pid and its live descendants, plus their reaped children's."""
+    ticks = 0
+    for each in _descendants(pid):
+        with contextlib.suppress(OSError):
+            with open(f"/proc/{each}/stat") as f:
+                # The command name may hold spaces and parentheses: split after the last ')'.
+                fields = f.read().rsplit(")", 1)[1].split()
+            # fields[0] is field 3 (state): utime, stime, cutime, cstime are fields 14-17.
+            ticks += sum(int(value) for value in fields[11:15])
+    return ticks / _CLK_TCK
+
+
+def peak_rss_mib(pid: int) -> float:
+    """VmHWM of pid in MiB (0 when the process is gone)."""
+    with contextlib.suppress(OSError), open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def rss_mib(pid: int) -> float:
+    """Current VmRSS of pid in MiB."""
+    with contextlib.suppress(OSError), open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    return 0.0
+
+
+# --- processes ------------------------------------------------------------------------
+
+
+@dataclass
+class Server:
+    """One started `narwhal sim` or `narwhal serve`."""
+
+    name: str
+    process: subprocess.Popen[bytes]
+    url: str
+    log_path: Path
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def cpu_seconds(self) -> float:
+        return cpu_seconds(self.pid)
+
+    def peak_rss_mib(self) -> float:
+        return peak_rss_mib(self.pid)
+
+    def check_alive(self) -> None:
+        if self.process.poll() is not None:
+            raise RuntimeError(
+                f"{self.name} (pid {self.pid}) exited with {self.process.returncode}; "
+                f"log {self.log_path}:\n{tail(self.log_path)}"
+            )
+
+
+def tail(path: Path, lines: int = 20) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return ""
+
+
+def _stop(process: subprocess.Popen[bytes], timeout_s: float = 10.0) -> None:
+    """SIGTERM the process (by PID), wait, then SIGKILL it and any descendants left."""
+    if process.poll() is not None:
+        return
+    family = _descendants(process.pid)
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(process.pid, signal.SIGTERM)
+    try:
+        process.wait(timeout_s)
+    except subprocess.TimeoutExpired:
+        for pid in family:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        process.wait(5)
+    for pid in family[1:]:  # descendants that outlived their parent
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
+class Processes(contextlib.AbstractContextManager["Processes"]):
+    """Owns every process the script starts; stops them (last started first) on exit."""
+
+    def __init__(self, keep_logs: bool = False) -> None:
+        self.log_dir = Path(tempfile.mkdtemp(prefix="narwhal-perf-"))
+        self._keep_logs = keep_logs
+        self._started: list[subprocess.Popen[bytes]] = []
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        # Ctrl-C during the stop loop must not leave a process behind: ignore it meanwhile.
+        previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+        try:
+            while self._started:
+                _stop(self._started.pop())
+        finally:
+            signal.signal(signal.SIGINT, previous)
+        if exc_type is not None or self._keep_logs:
+            log(f"logs kept in {self.log_dir}")
+
+    def start(self, name: str, args: Sequence[str], timeout_s: float = 60.0) -> Server:
+        """Start `python -m narwhal ARGS`, wait for its listening line, return it."""
+        log_path = self.log_dir / f"{name}.log"
+        with open(log_path, "wb") as out:
+            process = subprocess.Popen(
+                [*NARWHAL, *args],
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,  # Ctrl-C reaches the script only; it stops these
+                preexec_fn=_raise_nofile,
+            )
+        self._started.append(process)
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            match = _LISTENING.search(log_path.read_text(errors="replace"))
+            if match:
+                return Server(name, process, match.group(1), log_path)
+            if process.poll() is not None:
+                break
+            time.sleep(0.05)
+        self.stop_process(process)
+        raise RuntimeError(f"{name} did not start ({' '.join(args)}):\n{tail(log_path)}")
+
+    def stop(self, server: Server) -> None:
+        self.stop_process(server.process)
+
+    def stop_process(self, process: subprocess.Popen[bytes]) -> None:
+        _stop(process)
+        if process in self._started:
+            self._started.remove(process)
+
+    def sim(self, name: str, *flags: str) -> Server:
+        """`narwhal sim --host 127.0.0.1 --port 0 FLAGS`."""
+        server = self.start(name, ["sim", "--host", HOST, "--port", "0", *flags])
+        wait_http(f"{server.url}/v1/models", server)
+        return server
+
+    def router(self, name: str, config: Path) -> Server:
+        """`narwhal serve --config FILE`, waited for until /ready answers 200."""
+        server = self.start(name, ["serve", "--config", str(config)])
+        wait_http(f"{server.url}/ready", server)
+        return server
+
+
+def wait_http(url: str, server: Server, timeout_s: float = 30.0) -> None:
+    """Poll GET url until it answers 200."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        server.check_alive()
+        with contextlib.suppress(OSError, urllib.error.URLError):
+            with urllib.request.urlopen(url, timeout=2) as response:
+                if response.status == 200:
+                    return
+        time.sleep(0.1)
+    raise RuntimeError(f"{url} not ready after {timeout_s} s:\n{tail(server.log_path)}")
+
+
+def http_get_text(url: str, timeout_s: float = 5.0) -> str:
+    with urllib.request.urlopen(url, timeout=timeout_s) as response:
+        body: bytes = response.read()
+    return body.decode()
+
+
+# --- router configuration ---------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class EngineSpec:
+    name: str
+    url: str
+    role: str = "both"  # both | prefill | decode
+
+
+def write_router_config(
+    path: Path,
+    engines: Sequence[EngineSpec],
+    *,
+    policy: str = "load",
+    model: str = MODEL,
+) -> Path:
+    """A router config: loopback, ephemeral port, admission open, generous limits."""
+    config = {
+        "model": model,
+        "serving": {
+            "host": HOST,
+            "port": 0,
+            "max_retained": GENEROUS_LIMIT,
+            "request_timeout_s": 600,
+        },
+        "admission": {
+            "mode": "open",
+            "queue_limit": GENEROUS_LIMIT,
+            "phase_concurrency": {"prefill": GENEROUS_LIMIT, "decode": GENEROUS_LIMIT},
+        },
+        "engines": [
+            {"name": e.name, "url": e.url, "dialect": "vllm", "role": e.role} for e in engines
+        ],
+        "fleet": {"policy": policy},
+    }
+    # JSON is YAML: no second serializer needed.
+    path.write_text(json.dumps(config, indent=2) + "\n")
+    return path
+
+
+def router_outcomes(router: Server) -> dict[str, float]:
+    """narwhal_outcomes_total by outcome, from the router's /metrics."""
+    outcomes: dict[str, float] = {}
+    pattern = re.compile(r'^narwhal_outcomes_total\{outcome="([^"]+)"\}\s+(\S+)', re.M)
+    for outcome, value in pattern.findall(http_get_text(f"{router.url}/metrics")):
+        outcomes[outcome] = float(value)
+    return outcomes
+
+
+def outcome_delta(before: dict[str, float], after: dict[str, float]) -> dict[str, int]:
+    """Outcomes counted between two scrapes, zero entries left out."""
+    delta = {k: int(after.get(k, 0) - before.get(k, 0)) for k in after.keys() | before.keys()}
+    return {k: v for k, v in sorted(delta.items()) if v}
+
+
+# --- bench --------------------------------------------------------------------------------
+
+
+@dataclass
+class BenchRun:
+    """One `narwhal bench` run and the CPU the watched processes spent during it."""
+
+    label: str
+    summary: dict[str, Any]  # the (single) stage's summary from --json
+    stage: dict[str, Any]  # the stage without its per-request list
+    warmup: int
+    wall_s: float
+    cpu_s: dict[str, float] = field(default_factory=dict)  # name -> CPU s over the run
+    peak_rss_mib: dict[str, float] = field(default_factory=dict)
+    outcomes: dict[str, int] = field(default_factory=dict)  # router outcomes over the run
+    error_samples: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def requests(self) -> int:
+        return int(self.summary["requests"])
+
+    @property
+    def errors(self) -> int:
+        return int(self.summary["errors"])
+
+    def cpu_ms_per_request(self, name: str) -> float:
+        """CPU of `name` over the whole run (warm-up included) per request sent."""
+        return 1e3 * self.cpu_s.get(name, 0.0) / max(1, self.requests + self.warmup)
+
+    def ms(self, metric: str, quantile: str) -> float:
+        return 1e3 * float(self.summary[metric][quantile])
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "label": self.label,
+            "summary": self.summary,
+            "stage": self.stage,
+            "warmup": self.warmup,
+            "wall_s": self.wall_s,
+            "cpu_s": self.cpu_s,
+            "peak_rss_mib": self.peak_rss_mib,
+            "router_outcomes": self.outcomes,
+            "error_samples": self.error_samples,
+        }
+
+
+def run_bench(
+    label: str,
+    urls: Sequence[str],
+    args: Sequence[str],
+    *,
+    watch: Sequence[Server] = (),
+    router: Server | None = None,
+    warmup: int,
+    timeout_s: float,
+    work_dir: Path,
+) -> BenchRun:
+    """Run `narwhal bench --url ... --warmup N ARGS --json FILE` and load its summary.
+
+    `watch` processes are measured (CPU, VmHWM) before and after; `router` also has its
+    outcome counters scraped. The bench is killed after timeout_s (its own --duration and
+    --timeout should make it stop well before).
+    """
+    json_path = work_dir / f"bench-{label}-{time.monotonic_ns()}.json"
+    log_path = json_path.with_suffix(".log")
+    command = [*NARWHAL, "bench", "--model", MODEL, "--warmup", str(warmup)]
+    for url in urls:
+        command += ["--url", url]
+    command += [*args, "--json", str(json_path)]
+    for server in watch:
+        server.check_alive()
+    before_outcomes = router_outcomes(router) if router else {}
+    cpu_before = {s.name: s.cpu_seconds() for s in watch}
+    started = time.monotonic()
+    with open(log_path, "wb") as out:
+        process = subprocess.Popen(
+            command,
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            preexec_fn=_raise_nofile,
+        )
+        try:
+            returncode = process.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            _stop(process)
+            raise RuntimeError(f"bench {label} still running after {timeout_s} s") from None
+        except BaseException:
+            _stop(process)
+            raise
+    wall_s = time.monotonic() - started
+    cpu_after = {s.name: s.cpu_seconds() for s in watch}
+    if returncode != 0 or not json_path.exists():
+        raise RuntimeError(f"bench {label} failed ({returncode}):\n{tail(log_path)}")
+    data = json.loads(json_path.read_text())
+    if len(data["stages"]) != 1:
+        raise RuntimeError(f"bench {label}: expected one stage, got {len(data['stages'])}")
+    stage = data["stages"][0]
+    stage_only = {k: v for k, v in stage.items() if k != "requests"}
+    run = BenchRun(
+        label=label,
+        summary=stage["summary"],
+        stage=stage_only,
+        warmup=warmup,
+        wall_s=wall_s,
+        cpu_s={name: cpu_after[name] - cpu_before[name] for name in cpu_before},
+        peak_rss_mib={s.name: s.peak_rss_mib() for s in watch},
+        outcomes=outcome_delta(before_outcomes, router_outcomes(router)) if router else {},
+        error_samples=data.get("error_samples") or {},
+    )
+    json_path.unlink()  # per-request results are large; the summary is kept in BenchRun
+    if run.errors:
+        log(f"  {label}: {run.errors} errors {run.summary['error_counts']}")
+    return run
+
+
+# --- reporting ------------------------------------------------------------------------------
+
+
+def median(values: Sequence[float]) -> float:
+    return statistics.median(values) if values else float("nan")
+
+
+def median_of(runs: Sequence[BenchRun], value: Callable[[BenchRun], float]) -> float:
+    return median([value(run) for run in runs])
+
+
+def fmt(value: float, digits: int = 1, signed: bool = False) -> str:
+    if value != value:  # NaN
+        return "–"
+    return f"{value:+,.{digits}f}" if signed else f"{value:,.{digits}f}"
+
+
+def table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    """A markdown table; the first column left-aligned, the rest right-aligned."""
+    align = ["---"] + ["--:"] * (len(headers) - 1)
+    lines = ["| " + " | ".join(headers) + " |", "| " + " | ".join(align) + " |"]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def write_json(path: str | None, payload: dict[str, Any]) -> None:
+    if path:
+        Path(path).write_text(json.dumps(payload, indent=2) + "\n")
+        log(f"raw results in {path}")
+
+
+@contextlib.contextmanager
+def stopwatch(what: str) -> Iterator[None]:
+    started = time.monotonic()
+    try:
+        yield
+    finally:
+        log(f"{what}: {time.monotonic() - started:.1f} s")
