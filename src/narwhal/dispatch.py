@@ -19,6 +19,7 @@ an error event.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from typing import Any
 
@@ -46,6 +47,7 @@ from narwhal.protocol.upstream import supplies_token_ids, upstream_body
 from narwhal.scheduler.registry import EngineEntry, EngineRegistry
 from narwhal.scheduler.scheduler import NoCapacity, Plan, Scheduler
 
+_DRAIN_TIMEOUT_S = 1.0
 # Failures another placement may not repeat: engine down, engine error, bad output.
 _RETRYABLE = (EngineUnavailable, EngineError, EngineOutputError, TruncatedStream)
 
@@ -249,8 +251,7 @@ class Dispatcher:
                         request_id=context.request_id,
                         authorization=authorization,
                     )
-                    scan = request.stream and client.dialect == "vllm"
-                    stream = EngineStream(client.name, response, tracker, scan=scan)
+                    stream = EngineStream(client.name, response, tracker)
                     first = await _first_events(stream)
                     if plan.prefill is None:
                         phase.end_prefill()
@@ -270,6 +271,12 @@ class Dispatcher:
                 )
                 if result[1] == "expired":
                     self._metrics.expired.labels("deadline_streaming").inc()
+                elif stream.done:
+                    # The client has everything; the end of the engine's body (usually in
+                    # hand already) lets its connection go back to the pool.
+                    with contextlib.suppress(aiohttp.ClientError, OSError, TimeoutError):
+                        async with asyncio.timeout(_DRAIN_TIMEOUT_S):
+                            await stream.drain()
                 return result
             completion_tokens, _ = tracker.output_tokens()
             assembled = assembler.result(

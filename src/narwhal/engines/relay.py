@@ -25,7 +25,6 @@ from narwhal.errors import NarwhalError, TerminalExpiry
 from narwhal.protocol.assembly import Assembler
 from narwhal.protocol.events import encode_sse_event
 from narwhal.protocol.exposure import Exposed, Exposure, apply_exposure, needs_rewrite
-from narwhal.protocol.fastscan import strip_id_lists
 
 _DONE_EVENT = b"data: [DONE]\n\n"
 SSE_HEADERS = {
@@ -38,13 +37,11 @@ SSE_HEADERS = {
 def render(items: list[StreamItem], exposure: Exposure, rewrite: bool) -> bytes:
     """The bytes the client gets for these events; `[DONE]` is written by the relay."""
     out: list[bytes] = []
-    for event, decoded, done in items:
-        if done:
+    for event, decoded in items:
+        if decoded is None:
             continue
         if not rewrite:
             out.append(event.raw)
-        elif decoded is None:  # a scanned plain chunk: only its ID lists may go
-            out.append(event.raw if exposure.token_ids else strip_id_lists(event.raw))
         else:
             verdict = apply_exposure(decoded, exposure)
             if verdict is Exposed.UNCHANGED:
@@ -52,6 +49,17 @@ def render(items: list[StreamItem], exposure: Exposure, rewrite: bool) -> bytes:
             elif verdict is Exposed.CHANGED:
                 out.append(encode_sse_event(decoded, event.event))
     return b"".join(out)
+
+
+class _SSEResponse(web.StreamResponse):
+    """A stream response whose headers leave with the first body bytes, in one write.
+
+    aiohttp writes a StreamResponse's headers at prepare() by default (one more syscall per
+    request); the relay always writes the first events right after prepare(), so holding
+    the headers back delays nothing.
+    """
+
+    _send_headers_immediately = False
 
 
 async def relay_stream(
@@ -63,29 +71,35 @@ async def relay_stream(
     deadline: float,
 ) -> tuple[web.StreamResponse, str]:
     """Stream to the client until the end or `deadline` (loop time); return the response
-    and the terminal outcome."""
+    and the terminal outcome.
+
+    Every batch of events is written as soon as it is read; only the batch that holds the
+    engine's `[DONE]` goes out together with Narwhal's own `[DONE]` and the end of the
+    chunked body, in one write.
+    """
     rewrite = needs_rewrite(exposure)
-    response = web.StreamResponse(headers={**SSE_HEADERS, REQUEST_ID_HEADER: request_id})
+    response = _SSEResponse(headers={**SSE_HEADERS, REQUEST_ID_HEADER: request_id})
     try:
         await response.prepare(http)
         payload = render(first, exposure, rewrite)
-        if payload:
-            await response.write(payload)
         try:
             async with asyncio.timeout_at(deadline):
-                while (items := await stream.read_batch()) is not None:
-                    payload = render(items, exposure, rewrite)
+                while not stream.done:
                     if payload:
                         await response.write(payload)
+                    items = await stream.read_batch()
+                    if items is None:  # ended without [DONE] (generic servers), finished
+                        payload = b""
+                        break
+                    payload = render(items, exposure, rewrite)
         except NarwhalError as error:
-            await response.write(error.sse_event())
+            await response.write_eof(error.sse_event())
             return response, error.outcome
         except TimeoutError:
             expiry = TerminalExpiry("The request deadline expired while streaming.")
-            await response.write(expiry.sse_event())
+            await response.write_eof(expiry.sse_event())
             return response, expiry.outcome
-        await response.write(_DONE_EVENT)
-        await response.write_eof()
+        await response.write_eof(payload + _DONE_EVENT)
     except ConnectionError as e:
         raise ClientGone(str(e)) from e
     return response, "completed"

@@ -14,7 +14,6 @@ import aiohttp
 
 from narwhal.errors import UpstreamError
 from narwhal.protocol.events import decode_event
-from narwhal.protocol.fastscan import scan_chunk
 from narwhal.protocol.sse import SSEDecoder, SSEEvent
 from narwhal.protocol.tracker import OutputTracker
 
@@ -22,11 +21,10 @@ _DONE = b"[DONE]"
 
 
 class StreamItem(NamedTuple):
-    """One engine event: as received, and decoded unless the fast path vouched for it."""
+    """One engine event: as received, and decoded."""
 
     sse: SSEEvent
-    decoded: dict[str, Any] | None  # None for a scanned plain chunk and for [DONE]
-    done: bool = False
+    decoded: dict[str, Any] | None  # None for [DONE]
 
 
 class TruncatedStream(UpstreamError):
@@ -39,13 +37,8 @@ class EngineStream:
         engine_name: str,
         response: aiohttp.ClientResponse,
         tracker: OutputTracker,
-        *,
-        scan: bool = False,
     ) -> None:
-        """`scan`: vouch for plain chunks on the bytes (`fastscan`) instead of decoding them;
-        only for token-ID engines relayed to a streaming client."""
         self.engine_name = engine_name
-        self._scan = scan
         self.tracker = tracker
         self.done = False  # `data: [DONE]` seen
         self._response = response
@@ -73,29 +66,29 @@ class EngineStream:
             return None
         now = time.monotonic()
         tracker = self.tracker
-        scan = self._scan
         items: list[StreamItem] = []
         for event in self._decoder.feed(chunk):
             data = event.data
-            if scan:
-                count = scan_chunk(data)
-                if count is not None:
-                    tracker.observe_scanned(count, now)
-                    items.append(StreamItem(event, None))
-                    continue
             if data == _DONE:
                 self.done = True
-                items.append(StreamItem(event, None, True))
+                items.append(StreamItem(event, None))
                 continue
             decoded = decode_event(data)
             tracker.observe(decoded, now)
             items.append(StreamItem(event, decoded))
         return items
 
+    async def drain(self) -> None:
+        """After `[DONE]`: read the end of the body, so the connection can be reused."""
+        while not self._eof and not self._content.at_eof():
+            if not await self._content.readany():
+                break
+        self._eof = True
+
     def close(self) -> None:
         """Release the upstream connection; an unfinished stream closes it, so the engine
         sees the disconnect and stops generating."""
-        if self._eof and self.done:
+        if (self._eof or self._content.at_eof()) and self.done:
             self._response.release()
         else:
             self._response.close()

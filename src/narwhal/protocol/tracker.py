@@ -91,16 +91,6 @@ class OutputTracker:
                 # SGLang's streamed chat gives every ID at the end: exact count, no timing.
                 self.tokens = sglext
 
-    def observe_scanned(self, count: int, now: float) -> None:
-        """Account a plain unfinished one-choice chunk validated by `fastscan.scan_chunk`."""
-        self.events += 1
-        if count:
-            if self.first_output_at is None:
-                self.first_output_at = now
-            self.tokens += count
-            self.event_times.append(now)
-            self.event_counts.append(count)
-
     @property
     def finished(self) -> bool:
         """Every choice seen so far has its finish_reason (a clean end of output)."""
