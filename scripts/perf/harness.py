@@ -332,6 +332,7 @@ class BenchRun:
     cpu_s: dict[str, float] = field(default_factory=dict)  # name -> CPU s over the run
     peak_rss_mib: dict[str, float] = field(default_factory=dict)
     outcomes: dict[str, int] = field(default_factory=dict)  # router outcomes over the run
+    peaks: dict[str, float] = field(default_factory=dict)  # max of each sampled gauge
     error_samples: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -359,6 +360,7 @@ class BenchRun:
             "cpu_s": self.cpu_s,
             "peak_rss_mib": self.peak_rss_mib,
             "router_outcomes": self.outcomes,
+            "peaks": self.peaks,
             "error_samples": self.error_samples,
         }
 
@@ -373,12 +375,16 @@ def run_bench(
     warmup: int,
     timeout_s: float,
     work_dir: Path,
+    sample: Callable[[], dict[str, float]] | None = None,
+    sample_every_s: float = 1.0,
 ) -> BenchRun:
     """Run `narwhal bench --url ... --warmup N ARGS --json FILE` and load its summary.
 
     `watch` processes are measured (CPU, VmHWM) before and after; `router` also has its
-    outcome counters scraped. The bench is killed after timeout_s (its own --duration and
-    --timeout should make it stop well before).
+    outcome counters scraped. While the bench runs, `sample` (if given) is called every
+    sample_every_s and the maximum of each value it returns is kept (`BenchRun.peaks`).
+    The bench is killed after timeout_s (its own --duration and --timeout should make it
+    stop well before).
     """
     json_path = work_dir / f"bench-{label}-{time.monotonic_ns()}.json"
     log_path = json_path.with_suffix(".log")
@@ -400,8 +406,9 @@ def run_bench(
             start_new_session=True,
             preexec_fn=_raise_nofile,
         )
+        peaks: dict[str, float] = {}
         try:
-            returncode = process.wait(timeout_s)
+            returncode = _wait_sampling(process, started + timeout_s, sample, sample_every_s, peaks)
         except subprocess.TimeoutExpired:
             _stop(process)
             raise RuntimeError(f"bench {label} still running after {timeout_s} s") from None
@@ -426,12 +433,41 @@ def run_bench(
         cpu_s={name: cpu_after[name] - cpu_before[name] for name in cpu_before},
         peak_rss_mib={s.name: s.peak_rss_mib() for s in watch},
         outcomes=outcome_delta(before_outcomes, router_outcomes(router)) if router else {},
+        peaks=peaks,
         error_samples=data.get("error_samples") or {},
     )
     json_path.unlink()  # per-request results are large; the summary is kept in BenchRun
     if run.errors:
         log(f"  {label}: {run.errors} errors {run.summary['error_counts']}")
     return run
+
+
+def _wait_sampling(
+    process: subprocess.Popen[bytes],
+    deadline: float,
+    sample: Callable[[], dict[str, float]] | None,
+    every_s: float,
+    peaks: dict[str, float],
+) -> int:
+    """Wait for process until deadline (TimeoutExpired after it), sampling meanwhile."""
+    while True:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise subprocess.TimeoutExpired(process.args, 0)
+        try:
+            return process.wait(min(every_s, remaining))
+        except subprocess.TimeoutExpired:
+            pass
+        if sample is not None:
+            with contextlib.suppress(OSError, ValueError):
+                for key, value in sample().items():
+                    peaks[key] = max(value, peaks.get(key, value))
+
+
+def gauge(url: str, name: str) -> float:
+    """Sum of every sample of metric `name` in the Prometheus text at url."""
+    pattern = re.compile(rf"^{re.escape(name)}(?:\{{[^}}]*\}})?\s+(\S+)", re.M)
+    return sum(float(value) for value in pattern.findall(http_get_text(url, timeout_s=2)))
 
 
 # --- reporting ------------------------------------------------------------------------------

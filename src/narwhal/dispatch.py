@@ -57,9 +57,7 @@ class Dispatcher:
         self._config = config
         self._metrics = metrics
         self.registry = EngineRegistry(config.engines)
-        self.scheduler = Scheduler(
-            self.registry, round_robin=config.fleet.policy == "round_robin"
-        )
+        self.scheduler = Scheduler(self.registry, round_robin=config.fleet.policy == "round_robin")
         self._gate = AdmissionGate(config, metrics)
         self._session: aiohttp.ClientSession | None = None
         self._clients: dict[str, EngineClient] = {}
@@ -80,7 +78,7 @@ class Dispatcher:
             self._config.engines, self._config.fleet, self._session, self._metrics.registry
         )
         self.registry.set_health_predicate(monitor.is_placeable)
-        monitor.subscribe(self._capacity.set)
+        monitor.subscribe(self.capacity_changed)
         await monitor.start()
         self.monitor = monitor
 
@@ -91,7 +89,9 @@ class Dispatcher:
             await self._session.close()
 
     def capacity_changed(self) -> None:
-        """Placement may have changed (drain, maintenance): let waiting requests look again."""
+        """Placement may have changed (health, drain, maintenance): recompute eligibility and
+        let waiting requests look again."""
+        self.registry.invalidate()
         self._capacity.set()
 
     def router_unavailable_reason(self) -> str | None:
@@ -290,15 +290,15 @@ class Dispatcher:
                 self._account(client.name, context, tracker)
 
     def _account(self, engine: str, context: RequestContext, tracker: OutputTracker) -> None:
-        metrics = self._metrics
+        series = self._metrics.engine_series(engine)
         if tracker.first_output_at is not None:
-            metrics.ttft.labels(engine).observe(tracker.first_output_at - context.arrived)
+            series.ttft.observe(tracker.first_output_at - context.arrived)
         tpot = tracker.time_per_output_token()
         if tpot is not None:
-            metrics.tpot.labels(engine).observe(tpot)
+            series.tpot.observe(tpot)
         tokens, source = tracker.output_tokens()
         if tokens:
-            metrics.output_tokens.labels(engine, source).inc(tokens)
+            series.output_tokens[source].inc(tokens)
 
 
 class _PhaseLoad:

@@ -8,6 +8,8 @@ rather than missing series.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 OUTCOMES = (
@@ -23,6 +25,7 @@ OUTCOMES = (
 REJECT_REASONS = ("retention", "queue")
 REFUSE_REASONS = ("ttft_budget", "prompt_exceeds_budget")
 EXPIRY_STAGES = ("admission_wait", "deadline_before_headers", "deadline_streaming")
+TOKEN_SOURCES = ("token_ids", "usage", "events")
 
 _LATENCY_BUCKETS = (
     0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75,
@@ -32,6 +35,13 @@ _TPOT_BUCKETS = (
     0.001, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.04, 0.05,
     0.075, 0.1, 0.2, 0.3, 0.5, 1.0, 2.5,
 )  # fmt: skip
+
+
+@dataclass(frozen=True, slots=True)
+class EngineSeries:
+    ttft: Histogram
+    tpot: Histogram
+    output_tokens: dict[str, Counter]
 
 
 class RouterMetrics:
@@ -114,6 +124,18 @@ class RouterMetrics:
             self.expired.labels(stage)
         # Resolved once: label lookups take a lock and a dict probe on every call.
         self._outcome_children = {o: self.outcomes.labels(o) for o in OUTCOMES}
+        self._engine_series: dict[str, EngineSeries] = {}
+
+    def engine_series(self, engine: str) -> EngineSeries:
+        """The per-engine series, resolved once per engine name (from configuration)."""
+        series = self._engine_series.get(engine)
+        if series is None:
+            series = self._engine_series[engine] = EngineSeries(
+                ttft=self.ttft.labels(engine),
+                tpot=self.tpot.labels(engine),
+                output_tokens={s: self.output_tokens.labels(engine, s) for s in TOKEN_SOURCES},
+            )
+        return series
 
     def count_outcome(self, outcome: str) -> None:
         self._outcome_children[outcome].inc()

@@ -51,8 +51,8 @@ def test_ineligible_engines_are_never_chosen() -> None:
         engine("w", wave=2),
         healthy={"up", "drained", "w"},
     )
-    s.registry.entries["drained"].drained = True
-    s.registry.active_waves.add(2)
+    s.registry.set_drained("drained", True)
+    s.registry.set_wave(2, True)
     for _ in range(50):
         assert s.plan(1).decode.config.name == "up"  # type: ignore[union-attr]
     assert [s.registry.state(e) for e in s.registry.entries.values()] == [
@@ -109,7 +109,7 @@ def test_round_robin_policy_rotates() -> None:
 
 def test_whole_fleet_maintenance() -> None:
     s = scheduler(engine("a", wave=1), engine("b", wave=2))
-    s.registry.active_waves.add(1)
+    s.registry.set_wave(1, True)
     assert not s.registry.whole_fleet_in_maintenance()
-    s.registry.active_waves.add(2)
+    s.registry.set_wave(2, True)
     assert s.registry.whole_fleet_in_maintenance()

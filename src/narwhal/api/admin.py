@@ -80,10 +80,8 @@ class AdminRoutes:
 
     async def _set_drained(self, request: web.Request, drained: bool) -> web.Response:
         name = request.match_info["name"]
-        entry = self._dispatcher.registry.get(name)
-        if entry is None:
+        if not self._dispatcher.registry.set_drained(name, drained):
             raise _UnknownEngine(f"No engine named {name!r}.", param="name")
-        entry.drained = drained
         self._dispatcher.capacity_changed()
         return json_response({"name": name, "drained": drained})
 
@@ -100,13 +98,10 @@ class AdminRoutes:
             raise InvalidRequest("'wave' must be a nonnegative integer.", param="wave")
         if action not in ("start", "end"):
             raise InvalidRequest("'action' must be 'start' or 'end'.", param="action")
-        waves = self._dispatcher.registry.active_waves
-        if action == "start":
-            waves.add(wave)
-        else:
-            waves.discard(wave)
+        registry = self._dispatcher.registry
+        registry.set_wave(wave, action == "start")
         self._dispatcher.capacity_changed()
-        return json_response({"active_waves": sorted(waves)})
+        return json_response({"active_waves": sorted(registry.active_waves)})
 
 
 def _is_loopback(remote: str | None) -> bool:

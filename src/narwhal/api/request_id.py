@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import itertools
 import os
 import re
 
 HEADER = "X-Request-Id"
 # Echoed into logs, engine requests and response ids: a short, printable token only.
 _SANE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:\-]{0,127}")
+# Unique without a random draw per request: a random prefix per process, then a counter.
+_PREFIX = os.urandom(8).hex()
+_counter = itertools.count(1)
 
 
 def choose_request_id(offered: str | None) -> str:
     if offered is not None and _SANE.fullmatch(offered):
         return offered
-    return os.urandom(16).hex()
+    return f"{_PREFIX}{next(_counter):016x}"

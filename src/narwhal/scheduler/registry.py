@@ -37,12 +37,34 @@ class EngineRegistry:
         }
         self.active_waves: set[int] = set()
         self._healthy = healthy
+        # Eligible engines by phase, computed once per change rather than per request.
+        self._candidates: dict[Phase, list[EngineEntry]] = {}
 
     def get(self, name: str) -> EngineEntry | None:
         return self.entries.get(name)
 
     def set_health_predicate(self, healthy: Callable[[str], bool]) -> None:
         self._healthy = healthy
+        self.invalidate()
+
+    def invalidate(self) -> None:
+        """Eligibility may have changed (health, drain, maintenance): recompute when asked."""
+        self._candidates = {}
+
+    def set_drained(self, name: str, drained: bool) -> bool:
+        entry = self.entries.get(name)
+        if entry is None:
+            return False
+        entry.drained = drained
+        self.invalidate()
+        return True
+
+    def set_wave(self, wave: int, active: bool) -> None:
+        if active:
+            self.active_waves.add(wave)
+        else:
+            self.active_waves.discard(wave)
+        self.invalidate()
 
     def state(self, entry: EngineEntry) -> str:
         """A word for operators: up, down, drained or maintenance."""
@@ -56,8 +78,13 @@ class EngineRegistry:
         return self.state(entry) == "up"
 
     def candidates(self, phase: Phase) -> list[EngineEntry]:
-        """Eligible engines whose role serves `phase`."""
-        return [e for e in self.entries.values() if e.config.role == phase and self.eligible(e)]
+        """Eligible engines whose role serves `phase` (cached until `invalidate`)."""
+        cached = self._candidates.get(phase)
+        if cached is None:
+            cached = self._candidates[phase] = [
+                e for e in self.entries.values() if e.config.role == phase and self.eligible(e)
+            ]
+        return cached
 
     def whole_fleet_in_maintenance(self) -> bool:
         waves = {e.config.wave for e in self.entries.values()}
