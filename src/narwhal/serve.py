@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import logging
 import signal
 import sys
 from collections.abc import Callable, Coroutine
@@ -15,6 +16,7 @@ from aiohttp import web
 from narwhal.config import Config, ConfigError, EngineConfig, Role, load_config
 from narwhal.router import Router
 
+log = logging.getLogger("narwhal")
 EMBEDDED_MODEL = "narwhal-sim"
 ROLES: tuple[Role, ...] = ("prefill", "decode")
 
@@ -23,9 +25,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", help="YAML configuration (default: the embedded default)")
     parser.add_argument("--host", help="override serving.host")
     parser.add_argument("--port", type=int, help="override serving.port (0: any free port)")
+    parser.add_argument(
+        "--log-level",
+        default="info",
+        choices=["debug", "info", "warning", "error"],
+        help="log level (default: info); logs go to stderr",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
+    logging.basicConfig(
+        level=args.log_level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
     overrides: dict[str, Any] = {}
     if args.host is not None:
         overrides["host"] = args.host
@@ -95,6 +108,12 @@ async def serve_forever(config: Config) -> None:
     site = web.TCPSite(runner, config.serving.host, config.serving.port, backlog=4096)
     await site.start()
     port = _bound_port(runner)
+    log.info(
+        "serving model %s with %d engine(s): %s",
+        config.model,
+        len(config.engines),
+        ", ".join(f"{e.name} ({e.role}, {e.dialect}) {e.url}" for e in config.engines) or "none",
+    )
     print(f"narwhal listening on http://{config.serving.host}:{port}", flush=True)
 
     stop = asyncio.Event()

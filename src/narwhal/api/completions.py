@@ -7,6 +7,7 @@ one terminal outcome, counted in `finally`, whichever way the handler leaves.
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
 import time
 from collections.abc import Callable
@@ -24,6 +25,7 @@ from narwhal.protocol.requests import CompletionRequest, Route, parse_request
 from narwhal.state import RouterState
 
 TIMEOUT_HEADER = "X-Request-Timeout"
+log = logging.getLogger(__name__)
 
 Sizer = Callable[[CompletionRequest], int]
 
@@ -89,6 +91,11 @@ class CompletionFront:
             if not sized:
                 metrics.unsized_offered.inc()
             raise
+        except Exception:
+            # A bug, not a client or engine condition: log it, answer 500, count it once.
+            outcome = "upstream_error"
+            log.exception("request %s failed unexpectedly", request_id)
+            return error_response(NarwhalError("Internal router error."), request_id)
         finally:
             metrics.count_outcome(outcome)
 

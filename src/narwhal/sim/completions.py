@@ -70,6 +70,10 @@ class CompletionRoutes:
             if plan.stream:
                 return await self._stream(request, plan)
             return await self._whole(request, plan)
+        except ConnectionResetError:
+            # The client went away mid-stream (a router cancelling, a test disconnecting):
+            # an ordinary event for an engine, not an error to log.
+            raise web.HTTPBadRequest() from None
         finally:
             seq = plan.seq
             if not seq.finished:
