@@ -29,7 +29,7 @@ class Router:
             config, self.metrics, self.dispatcher, load_sizer(config.tokenizer), self.state
         )
         ops = OpsRoutes(config.model, self.metrics, self.dispatcher, self.state)
-        self.app: web.Application = build_app(front, ops)
+        self.app: web.Application = build_app(front, ops, config.serving.max_request_bytes)
         AdminRoutes(self.dispatcher, config.serving.admin_token).add_to(self.app)
         self.app.on_startup.append(self._on_startup)
         self.app.on_cleanup.append(self._on_cleanup)

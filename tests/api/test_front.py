@@ -319,3 +319,18 @@ def _address(url: str) -> tuple[str, int]:
     parts = urlsplit(url)
     assert parts.hostname and parts.port
     return parts.hostname, parts.port
+
+
+async def test_expect_continue_is_not_sent_for_a_body_over_the_limit(
+    router: NarwhalProcess,
+) -> None:
+    host, port = _address(router.url)
+    reader, writer = await asyncio.open_connection(host, port)
+    writer.write(
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b"Expect: 100-continue\r\nContent-Length: 9000000\r\n\r\n"
+    )
+    await writer.drain()
+    head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
+    assert head.startswith(b"HTTP/1.1 413")
+    writer.close()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
+
 from aiohttp import web
 from aiohttp.typedefs import Handler
 
@@ -36,12 +38,31 @@ async def request_id_middleware(request: web.Request, handler: Handler) -> web.S
     return response
 
 
-def build_app(front: CompletionFront, ops: OpsRoutes) -> web.Application:
+def continue_within(limit: int) -> Callable[[web.Request], Awaitable[None]]:
+    """An `Expect: 100-continue` handler that invites only bodies within the limit.
+
+    A body declared larger gets no "100 Continue": the completion front answers 413 at
+    once, and a well-behaved client never sends the body.
+    """
+
+    async def expect_handler(request: web.Request) -> None:
+        declared = request.content_length
+        if declared is not None and declared > limit:
+            return
+        if request.headers.get("Expect", "").lower() == "100-continue":
+            await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+            request.writer.output_size = 0
+
+    return expect_handler
+
+
+def build_app(front: CompletionFront, ops: OpsRoutes, max_request_bytes: int) -> web.Application:
     # Bodies are read by the completion front under serving.max_request_bytes; aiohttp's own
     # limit applies only to request.read(), which Narwhal does not use.
     app = web.Application(middlewares=[request_id_middleware])
-    app.router.add_post("/v1/chat/completions", front.chat)
-    app.router.add_post("/v1/completions", front.completions)
+    expect = continue_within(max_request_bytes)
+    app.router.add_post("/v1/chat/completions", front.chat, expect_handler=expect)
+    app.router.add_post("/v1/completions", front.completions, expect_handler=expect)
     app.router.add_get("/v1/models", ops.models)
     app.router.add_get("/health", ops.health)
     app.router.add_get("/ready", ops.ready)
