@@ -192,10 +192,7 @@ class Dispatcher:
                     async with asyncio.timeout_at(deadline):
                         await self._capacity.wait()
                 except TimeoutError:
-                    self._metrics.expired.labels("deadline_before_headers").inc()
-                    raise TerminalExpiry(
-                        "The request deadline expired before the response started."
-                    ) from None
+                    raise self._expired_before_headers() from None
 
     def _refresh_engine_loads(self) -> None:
         """Correct Narwhal's own counts with each engine's last good metrics scrape."""
@@ -261,10 +258,7 @@ class Dispatcher:
                         assembler = Assembler(request.route, exposure)
                         await collect(stream, first, assembler)
             except TimeoutError:
-                self._metrics.expired.labels("deadline_before_headers").inc()
-                raise TerminalExpiry(
-                    "The request deadline expired before the response started."
-                ) from None
+                raise self._expired_before_headers() from None
             if request.stream:
                 result = await relay_stream(
                     http, stream, first, exposure, context.request_id, deadline
@@ -288,6 +282,10 @@ class Dispatcher:
             if stream is not None:
                 stream.close()
                 self._account(client.name, context, tracker)
+
+    def _expired_before_headers(self) -> TerminalExpiry:
+        self._metrics.expired.labels("deadline_before_headers").inc()
+        return TerminalExpiry("The request deadline expired before the response started.")
 
     def _account(self, engine: str, context: RequestContext, tracker: OutputTracker) -> None:
         series = self._metrics.engine_series(engine)
