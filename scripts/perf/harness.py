@@ -19,6 +19,7 @@ import json
 import os
 import re
 import resource
+import shutil
 import signal
 import statistics
 import subprocess
@@ -40,6 +41,8 @@ NARWHAL = (sys.executable, "-m", "narwhal")
 GENEROUS_LIMIT = 100_000
 _LISTENING = re.compile(r"listening on (http://[0-9.]+:\d+)")
 _CLK_TCK = os.sysconf("SC_CLK_TCK")
+# Other work on the host above this many cores during a run makes its figures suspect.
+OTHER_LOAD_WARNING = 0.25
 
 
 def log(message: str) -> None:
@@ -48,13 +51,29 @@ def log(message: str) -> None:
 
 
 def install_signal_handlers() -> None:
-    """SIGTERM and SIGHUP exit through `finally` blocks, as Ctrl-C does."""
+    """SIGTERM and SIGHUP exit through `finally` blocks, as Ctrl-C does.
+
+    SIGINT gets Python's KeyboardInterrupt handler even when the script inherited it
+    ignored (a shell's background job), so `kill -INT` stops it too.
+    """
 
     def _exit(signum: int, _frame: FrameType | None) -> None:
         raise SystemExit(128 + signum)
 
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, _exit)
     signal.signal(signal.SIGHUP, _exit)
+
+
+def run_main(main: Callable[[], int]) -> int:
+    """Run a script's main; Ctrl-C ends it with 130 and no traceback (processes are
+    already stopped by then: `Processes.__exit__` ran on the way out)."""
+    install_signal_handlers()
+    try:
+        return main()
+    except KeyboardInterrupt:
+        log("interrupted")
+        return 130
 
 
 def nofile_limits() -> tuple[int, int]:
@@ -66,6 +85,33 @@ def _raise_nofile() -> None:
     # Runs in the child between fork and exec: every socket of every stream is a descriptor.
     _soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+
+
+def narwhal_revision() -> str:
+    """The commit of the narwhal being measured (`+dirty` with uncommitted src changes)."""
+    probe = "import narwhal, pathlib; print(pathlib.Path(narwhal.__file__).resolve().parent)"
+    try:
+        package = subprocess.run(
+            [sys.executable, "-c", probe], capture_output=True, text=True, check=True, timeout=30
+        ).stdout.strip()
+        git = ["git", "-C", package]
+        commit = subprocess.run(
+            [*git, "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=10
+        ).stdout.strip()
+        dirty = subprocess.run(
+            [*git, "status", "--porcelain", "--", "."], capture_output=True, text=True, timeout=10
+        ).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return f"{commit or 'unknown'}{'+dirty' if dirty else ''}"
+
+
+def stamp(revision: str) -> str:
+    """What was measured where: narwhal's commit, the date, cores, Python."""
+    return (
+        f"narwhal {revision}, {time.strftime('%Y-%m-%d %H:%M')}, {os.cpu_count()} cores, "
+        f"Python {sys.version.split()[0]}"
+    )
 
 
 # --- /proc ----------------------------------------------------------------------------
@@ -80,9 +126,9 @@ def _descendants(pid: int) -> list[int]:
         index += 1
         with contextlib.suppress(OSError):
             for task in os.listdir(f"/proc/{current}/task"):
-                with contextlib.suppress(OSError):
-                    with open(f"/proc/{current}/task/{task}/children") as f:
-                        found.extend(int(child) for child in f.read().split())
+                path = f"/proc/{current}/task/{task}/children"
+                with contextlib.suppress(OSError), open(path) as f:
+                    found.extend(int(child) for child in f.read().split())
     return found
 
 
@@ -97,6 +143,40 @@ def cpu_seconds(pid: int) -> float:
             # fields[0] is field 3 (state): utime, stime, cutime, cstime are fields 14-17.
             ticks += sum(int(value) for value in fields[11:15])
     return ticks / _CLK_TCK
+
+
+def host_busy_seconds() -> float:
+    """CPU seconds all cores spent busy (not idle or iowait) since boot, from /proc/stat."""
+    with open("/proc/stat") as f:
+        fields = [int(value) for value in f.readline().split()[1:]]
+    # user nice system idle iowait irq softirq steal (guest time is already inside user)
+    return (sum(fields[:8]) - fields[3] - fields[4]) / _CLK_TCK
+
+
+def children_cpu_seconds() -> float:
+    """CPU of this process's reaped children (the bench, once waited for)."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def self_cpu_seconds() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def tcp_counters() -> dict[str, int]:
+    """The kernel's TcpExt counters (/proc/net/netstat), e.g. ListenOverflows."""
+    counters: dict[str, int] = {}
+    with open("/proc/net/netstat") as f:
+        lines = f.read().splitlines()
+    for names, values in zip(lines[::2], lines[1::2], strict=False):
+        if names.startswith("TcpExt:") and values.startswith("TcpExt:"):
+            counters.update(zip(names.split()[1:], map(int, values.split()[1:]), strict=True))
+    return counters
+
+
+# Listen-queue overflows make connects wait for SYN retransmits (1 s, 3 s, ...).
+_TCP_WATCHED = ("ListenOverflows", "ListenDrops", "TCPTimeouts")
 
 
 def peak_rss_mib(pid: int) -> float:
@@ -196,6 +276,8 @@ class Processes(contextlib.AbstractContextManager["Processes"]):
             signal.signal(signal.SIGINT, previous)
         if exc_type is not None or self._keep_logs:
             log(f"logs kept in {self.log_dir}")
+        else:
+            shutil.rmtree(self.log_dir, ignore_errors=True)
 
     def start(self, name: str, args: Sequence[str], timeout_s: float = 60.0) -> Server:
         """Start `python -m narwhal ARGS`, wait for its listening line, return it."""
@@ -247,10 +329,12 @@ def wait_http(url: str, server: Server, timeout_s: float = 30.0) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         server.check_alive()
-        with contextlib.suppress(OSError, urllib.error.URLError):
-            with urllib.request.urlopen(url, timeout=2) as response:
-                if response.status == 200:
-                    return
+        with (
+            contextlib.suppress(OSError, urllib.error.URLError),
+            urllib.request.urlopen(url, timeout=2) as response,
+        ):
+            if response.status == 200:
+                return
         time.sleep(0.1)
     raise RuntimeError(f"{url} not ready after {timeout_s} s:\n{tail(server.log_path)}")
 
@@ -333,6 +417,11 @@ class BenchRun:
     peak_rss_mib: dict[str, float] = field(default_factory=dict)
     outcomes: dict[str, int] = field(default_factory=dict)  # router outcomes over the run
     peaks: dict[str, float] = field(default_factory=dict)  # max of each sampled gauge
+    # Busy cores of the whole host during the run, and the part no process of this run
+    # (watched servers, the bench, this script) accounts for: other work on the machine.
+    host_busy_cores: float = 0.0
+    other_cores: float = 0.0
+    tcp: dict[str, int] = field(default_factory=dict)  # _TCP_WATCHED counters over the run
     error_samples: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -361,6 +450,9 @@ class BenchRun:
             "peak_rss_mib": self.peak_rss_mib,
             "router_outcomes": self.outcomes,
             "peaks": self.peaks,
+            "host_busy_cores": self.host_busy_cores,
+            "other_cores": self.other_cores,
+            "tcp": self.tcp,
             "error_samples": self.error_samples,
         }
 
@@ -396,6 +488,9 @@ def run_bench(
         server.check_alive()
     before_outcomes = router_outcomes(router) if router else {}
     cpu_before = {s.name: s.cpu_seconds() for s in watch}
+    host_before = host_busy_seconds()
+    tcp_before = tcp_counters()
+    ours_before = children_cpu_seconds() + self_cpu_seconds()
     started = time.monotonic()
     with open(log_path, "wb") as out:
         process = subprocess.Popen(
@@ -417,6 +512,10 @@ def run_bench(
             raise
     wall_s = time.monotonic() - started
     cpu_after = {s.name: s.cpu_seconds() for s in watch}
+    host_s = host_busy_seconds() - host_before
+    tcp_after = tcp_counters()
+    ours_s = children_cpu_seconds() + self_cpu_seconds() - ours_before
+    ours_s += sum(cpu_after[name] - cpu_before[name] for name in cpu_before)
     if returncode != 0 or not json_path.exists():
         raise RuntimeError(f"bench {label} failed ({returncode}):\n{tail(log_path)}")
     data = json.loads(json_path.read_text())
@@ -435,10 +534,17 @@ def run_bench(
         outcomes=outcome_delta(before_outcomes, router_outcomes(router)) if router else {},
         peaks=peaks,
         error_samples=data.get("error_samples") or {},
+        host_busy_cores=host_s / wall_s,
+        other_cores=max(0.0, host_s - ours_s) / wall_s,
+        tcp={k: tcp_after.get(k, 0) - tcp_before.get(k, 0) for k in _TCP_WATCHED},
     )
     json_path.unlink()  # per-request results are large; the summary is kept in BenchRun
     if run.errors:
         log(f"  {label}: {run.errors} errors {run.summary['error_counts']}")
+    if run.tcp.get("ListenOverflows"):
+        log(f"  {label}: TCP listen-queue overflows during the run: {run.tcp}")
+    if run.other_cores > OTHER_LOAD_WARNING:
+        log(f"  {label}: other work on the host used {run.other_cores:.2f} cores meanwhile")
     return run
 
 
@@ -483,7 +589,7 @@ def median_of(runs: Sequence[BenchRun], value: Callable[[BenchRun], float]) -> f
 
 def fmt(value: float, digits: int = 1, signed: bool = False) -> str:
     if value != value:  # NaN
-        return "–"
+        return "-"
     return f"{value:+,.{digits}f}" if signed else f"{value:,.{digits}f}"
 
 

@@ -22,7 +22,6 @@ import argparse
 import sys
 import time
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import Any
 
 import harness
@@ -110,19 +109,20 @@ def throughput_rows(label: str, runs: dict[str, list[BenchRun]]) -> list[list[st
         rows.append(
             [
                 f"{label}: {target}",
-                f"{fmt(req_s)} ({req_ratio:.2f}×)",
-                f"{fmt(ev_s, 0)} ({ev_ratio:.2f}×)" if ev_s else "–",
-                fmt(_med(rs, lambda r: r.cpu_ms_per_request("narwhal")), 3) if is_router else "–",
+                f"{fmt(req_s)} ({req_ratio:.2f}x)",
+                f"{fmt(ev_s, 0)} ({ev_ratio:.2f}x)" if ev_s else "-",
+                fmt(_med(rs, lambda r: r.cpu_ms_per_request("narwhal")), 3) if is_router else "-",
                 fmt(_med(rs, lambda r: r.cpu_ms_per_request("sim")), 3),
                 fmt(_med(rs, lambda r: 1e3 * float(r.summary["client_cpu_per_request_s"])), 3),
                 fmt(_med(rs, lambda r: r.ms("ttft_s", "p50")), 2),
                 fmt(_med(rs, lambda r: r.ms("ttft_s", "p99")), 2),
-                fmt(_paired(runs, _added("ttft_s", "p50")), 2, signed=True) if is_router else "–",
-                fmt(_paired(runs, _added("ttft_s", "p99")), 2, signed=True) if is_router else "–",
+                fmt(_paired(runs, _added("ttft_s", "p50")), 2, signed=True) if is_router else "-",
+                fmt(_paired(runs, _added("ttft_s", "p99")), 2, signed=True) if is_router else "-",
                 fmt(_paired(runs, _added("latency_s", "p50")), 2, signed=True)
                 if is_router
-                else "–",
+                else "-",
                 str(sum(r.errors for r in rs)),
+                fmt(max(r.other_cores for r in rs), 2),
             ]
         )
     return rows
@@ -130,8 +130,8 @@ def throughput_rows(label: str, runs: dict[str, list[BenchRun]]) -> list[list[st
 
 THROUGHPUT_HEADERS = [
     "scenario",
-    "req/s (×direct)",
-    "events/s (×direct)",
+    "req/s (x direct)",
+    "events/s (x direct)",
     "router CPU ms/req",
     "engine CPU ms/req",
     "client CPU ms/req",
@@ -141,6 +141,7 @@ THROUGHPUT_HEADERS = [
     "added TTFT p99 ms",
     "added latency p50 ms",
     "errors",
+    "other load (cores, max)",
 ]
 
 
@@ -157,13 +158,14 @@ def latency_rows(runs: dict[str, list[BenchRun]]) -> list[list[str]]:
                 fmt(_med(rs, lambda r: r.ms("ttft_s", "p99")), 1),
                 fmt(_med(rs, lambda r: r.ms("tpot_s", "p50")), 2),
                 fmt(_med(rs, lambda r: r.ms("latency_s", "p50")), 1),
-                fmt(_paired(runs, _added("ttft_s", "p50")), 1, signed=True) if is_router else "–",
-                fmt(_paired(runs, _added("ttft_s", "p99")), 1, signed=True) if is_router else "–",
+                fmt(_paired(runs, _added("ttft_s", "p50")), 1, signed=True) if is_router else "-",
+                fmt(_paired(runs, _added("ttft_s", "p99")), 1, signed=True) if is_router else "-",
                 fmt(_paired(runs, _added("latency_s", "p50")), 1, signed=True)
                 if is_router
-                else "–",
-                fmt(_med(rs, lambda r: r.cpu_ms_per_request("narwhal")), 3) if is_router else "–",
+                else "-",
+                fmt(_med(rs, lambda r: r.cpu_ms_per_request("narwhal")), 3) if is_router else "-",
                 str(sum(r.errors for r in rs)),
+                fmt(max(r.other_cores for r in rs), 2),
             ]
         )
     return rows
@@ -181,6 +183,7 @@ LATENCY_HEADERS = [
     "added latency p50 ms",
     "router CPU ms/req",
     "errors",
+    "other load (cores, max)",
 ]
 
 
@@ -206,8 +209,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.quick:
         args.requests, args.concurrency, args.reps = 200, 16, 1
         args.latency_requests, args.latency_concurrency = 64, 32
-    harness.install_signal_handlers()
     started = time.monotonic()
+    revision = harness.narwhal_revision()  # the code the processes load
     raw: dict[str, Any] = {"args": vars(args)}
 
     with Processes(keep_logs=args.keep_logs) as procs:
@@ -254,8 +257,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(
         f"\n## Router overhead: `narwhal sim --time-scale 0`, chat, {TOKENS} tokens (ignore_eos), "
         f"c={args.concurrency}, N={args.requests}, warm-up {args.concurrency}, "
-        f"median of {args.reps}\n"
+        f"median of {args.reps}"
     )
+    print("\n" + harness.stamp(revision) + "\n")
     rows = throughput_rows("stream", throughput["streaming"])
     rows += throughput_rows("non-stream", throughput["non-streaming"])
     print(table(THROUGHPUT_HEADERS, rows))
@@ -265,9 +269,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"median of {args.reps}\n"
     )
     print(table(LATENCY_HEADERS, latency_rows(latency)))
-    outcomes = {
-        name: _outcomes(runs) for name, runs in {**throughput, "latency": latency}.items()
-    }
+    outcomes = {name: _outcomes(runs) for name, runs in {**throughput, "latency": latency}.items()}
     print(f"\nNarwhal outcomes (narwhal_outcomes_total over the runs): {outcomes}")
     elapsed = time.monotonic() - started
     print(f"total run time {elapsed:.0f} s")
@@ -283,4 +285,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(harness.run_main(main))

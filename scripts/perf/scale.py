@@ -3,7 +3,7 @@
 For each level, a fresh simulated engine and a fresh router (so VmHWM is that level's
 peak) serve the same closed-loop load twice: straight to the engine ("direct"), then
 through Narwhal. Streaming chat, --tokens output tokens with ignore_eos, warm-up = the
-concurrency (every keep-alive connection is open before timing), then 2× the concurrency
+concurrency (every keep-alive connection is open before timing), then 2x the concurrency
 measured requests: the first wave starts at once, a burst of `c` new streams.
 
 The engine is configured so it is not the limit on concurrency: room for 8,192 running
@@ -59,7 +59,8 @@ def _sim_flags(per_seq_ms: float) -> list[str]:
 
 def _sampler(sim: Server, router: Server | None) -> Callable[[], dict[str, float]]:
     def sample() -> dict[str, float]:
-        values = {"engine_running": harness.gauge(f"{sim.url}/metrics", "vllm:num_requests_running")}
+        running = harness.gauge(f"{sim.url}/metrics", "vllm:num_requests_running")
+        values = {"engine_running": running}
         if router is not None:
             values["router_retained"] = harness.gauge(
                 f"{router.url}/metrics", "narwhal_retained_requests"
@@ -70,9 +71,7 @@ def _sampler(sim: Server, router: Server | None) -> Callable[[], dict[str, float
     return sample
 
 
-def run_level(
-    procs: Processes, concurrency: int, args: argparse.Namespace
-) -> dict[str, BenchRun]:
+def run_level(procs: Processes, concurrency: int, args: argparse.Namespace) -> dict[str, BenchRun]:
     requests = 2 * concurrency
     # Bounded: stop starting requests after --duration; each request at most --timeout.
     bench_args = ["-n", str(requests), "-c", str(concurrency), "--max-tokens", str(args.tokens)]
@@ -112,7 +111,7 @@ def run_level(
 HEADERS = [
     "concurrency",
     "events/s direct",
-    "events/s Narwhal (×direct)",
+    "events/s Narwhal (x direct)",
     "engine running peak (direct / Narwhal)",
     "TTFT p50 ms direct / Narwhal",
     "TTFT p99 ms direct",
@@ -121,6 +120,7 @@ HEADERS = [
     "router CPU ms/req",
     "router peak RSS MiB",
     "ok / requests (Narwhal)",
+    "other load (cores)",
 ]
 
 
@@ -130,7 +130,7 @@ def _row(concurrency: int, runs: dict[str, BenchRun]) -> list[str]:
     return [
         f"{concurrency:,}",
         fmt(d_ev, 0),
-        f"{fmt(n_ev, 0)} ({n_ev / d_ev:.2f}×)" if d_ev else fmt(n_ev, 0),
+        f"{fmt(n_ev, 0)} ({n_ev / d_ev:.2f}x)" if d_ev else fmt(n_ev, 0),
         f"{d.peaks.get('engine_running', 0):,.0f} / {n.peaks.get('engine_running', 0):,.0f}",
         f"{fmt(d.ms('ttft_s', 'p50'))} / {fmt(n.ms('ttft_s', 'p50'))}",
         fmt(d.ms("ttft_s", "p99")),
@@ -139,6 +139,7 @@ def _row(concurrency: int, runs: dict[str, BenchRun]) -> list[str]:
         fmt(n.cpu_ms_per_request(f"narwhal-c{concurrency}"), 3),
         fmt(n.peak_rss_mib.get(f"narwhal-c{concurrency}", 0.0)),
         f"{n.summary['ok']:,} / {n.summary['requests']:,}",
+        f"{d.other_cores:.2f} / {n.other_cores:.2f}",
     ]
 
 
@@ -156,8 +157,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--keep-logs", action="store_true", help="keep process logs")
     args = parser.parse_args(argv)
     levels = [int(level) for level in args.levels.split(",")]
-    harness.install_signal_handlers()
     started = time.monotonic()
+    revision = harness.narwhal_revision()  # the code the processes load
 
     soft, hard = harness.nofile_limits()
     notes = [f"ulimit -n: soft {soft}, hard {hard}; children run with soft = hard = {hard}"]
@@ -179,8 +180,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     print(
         f"\n## Concurrency scale: streaming chat, {args.tokens} tokens (ignore_eos), "
-        f"warm-up = c, N = 2c, sim decode {args.per_seq_ms} ms/seq per step\n"
+        f"warm-up = c, N = 2c, sim decode {args.per_seq_ms} ms/seq per step"
     )
+    print("\n" + harness.stamp(revision) + "\n")
     print(table(HEADERS, [_row(c, runs) for c, runs in results.items()]))
     for concurrency, runs in results.items():
         for target, run in runs.items():
@@ -188,6 +190,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                 notes.append(
                     f"c={concurrency:,} {target}: {run.errors} errors "
                     f"{run.summary['error_counts']} {run.error_samples}"
+                )
+            if run.tcp.get("ListenOverflows"):
+                notes.append(
+                    f"c={concurrency:,} {target}: the kernel counted "
+                    f"{run.tcp['ListenOverflows']:,} listen-queue overflows (connects waited "
+                    f"for SYN retransmits; TCPTimeouts {run.tcp['TCPTimeouts']:,})"
                 )
             if run.summary["requests"] < 2 * concurrency:
                 notes.append(
@@ -220,4 +228,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(harness.run_main(main))

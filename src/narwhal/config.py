@@ -69,7 +69,8 @@ class EngineConfig(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True
 class FleetConfig(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
     probe_interval_s: PositiveSeconds = 1.0
     stale_after_s: PositiveSeconds = 5.0
-    probe_timeout_s: PositiveSeconds = 1.0
+    # Generous: a busy engine answers /health late, and a false "down" refuses real work.
+    probe_timeout_s: PositiveSeconds = 2.0
     max_attempts: PositiveInt = 2
     # How to choose among eligible engines: by load (Narwhal's own in-flight work corrected
     # by the engines' metrics) or round robin (for comparison; what simple proxies do).

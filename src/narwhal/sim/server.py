@@ -183,7 +183,7 @@ async def start_sim(options: SimOptions, host: str = "127.0.0.1", port: int = 0)
     )
     try:
         await runner.setup()
-        site = web.TCPSite(runner, host, port, backlog=1024, reuse_address=True)
+        site = web.TCPSite(runner, host, port, backlog=4096, reuse_address=True)
         await site.start()
     except BaseException:
         await runner.cleanup()
