@@ -75,7 +75,11 @@ class Dispatcher:
         for engine in self._config.engines:
             self._clients[engine.name] = EngineClient(engine, self._session)
         monitor = FleetMonitor(
-            self._config.engines, self._config.fleet, self._session, self._metrics.registry
+            self._config.engines,
+            self._config.fleet,
+            self._session,
+            self._metrics.registry,
+            model=self._config.model,
         )
         self.registry.set_health_predicate(monitor.is_placeable)
         monitor.subscribe(self.capacity_changed)

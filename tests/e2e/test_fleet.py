@@ -13,7 +13,7 @@ from typing import Any
 import aiohttp
 
 from tests.e2e.conftest import MODEL, Start, chat, metrics_of, send, settle, sim_process
-from tests.processes import NarwhalProcess, router_process
+from tests.processes import NarwhalProcess, narwhal_process, router_process
 
 
 def engine(name: str, proc: NarwhalProcess, role: str = "both", **extra: Any) -> dict[str, Any]:
@@ -207,3 +207,15 @@ async def test_disaggregated_pair_carries_transfer_parameters(start: Start) -> N
     assert engines["d0"]["token_accounting"] == "token_ids"
     reply = await send(router.url, chat("short one", max_tokens=5))
     assert reply.status == 200 and json.loads(reply.raw)["choices"][0]["message"]["content"]
+
+
+async def test_an_engine_serving_another_model_is_not_eligible(start: Start) -> None:
+    right = start(sim_process("--time-scale", "0"))
+    with narwhal_process(["sim", "--port", "0", "--time-scale", "0", "--model", "other"]) as wrong:
+        router = start(router_process(config_for([engine("right", right), engine("wrong", wrong)])))
+        engines = await engines_by_name(router)
+        assert engines["right"]["eligible"]
+        assert not engines["wrong"]["eligible"]
+        assert engines["wrong"]["monitoring"]["serves_model"] is False
+        replies = await asyncio.gather(*(send(router.url, chat(f"m{i}")) for i in range(6)))
+        assert [r.status for r in replies] == [200] * 6

@@ -71,6 +71,7 @@ async def test_start_checks_every_engine_before_returning(
         "last_scrape": {"running": 5.0, "waiting": 5.0, "kv_usage": 0.375},
         "scrape_age_s": None,
         "metrics": "ok",
+        "serves_model": None,  # no model configured for this monitor: not checked
     }
     assert not monitor.monitoring_degraded()
 

@@ -32,7 +32,7 @@ from prometheus_client import CollectorRegistry
 from narwhal.config import EngineConfig, FleetConfig
 from narwhal.fleet.backoff import next_delay
 from narwhal.fleet.metrics import FleetMetrics
-from narwhal.fleet.probe import check_health, scrape_metrics
+from narwhal.fleet.probe import check_health, list_models, scrape_metrics
 from narwhal.fleet.scrape import EngineScrape
 from narwhal.fleet.state import EngineHealth, HealthCheck, MetricsFailure, ScrapeResult
 
@@ -61,7 +61,11 @@ class FleetMonitor:
         registry: CollectorRegistry,
         *,
         rng: random.Random | None = None,
+        model: str | None = None,
     ) -> None:
+        """`model`: the configured model; engines whose /v1/models does not list it stay
+        out of placement (checked whenever an engine comes up). None: no check."""
+        self._model = model
         self._fleet = fleet
         self._session = session
         self._rng = rng if rng is not None else random.Random()
@@ -134,6 +138,7 @@ class FleetMonitor:
             "last_scrape": _scrape_view(state.last_scrape),
             "scrape_age_s": None if age is None else round(age, 3),
             "metrics": state.metrics_state(),
+            "serves_model": state.serves_model,
         }
 
     # --- the probe loop ----------------------------------------------------------------
@@ -168,6 +173,8 @@ class FleetMonitor:
         state.record_health(health, now)
         if health is not HealthCheck.OK:
             self._metrics.count_failure(name, "health")
+        elif self._model is not None and (was_status != "up" or state.serves_model is None):
+            await self._check_model(engine)
         if scrape is not None:
             state.record_scrape(scrape, now)
             if isinstance(scrape, MetricsFailure) and state.metrics_supported is not False:
@@ -176,6 +183,20 @@ class FleetMonitor:
             state.refresh(now)
         _log_changes(name, state, health, was_status, engine.placeable, now)
         self._announce(engine, was_degraded)
+
+    async def _check_model(self, engine: _Engine) -> None:
+        models = await list_models(self._session, engine.base_url, self._timeout)
+        if models is None:
+            return  # cannot tell: leave it placeable, ask again next time it comes up
+        serves = self._model in models
+        if serves is False and engine.state.serves_model is not False:
+            log.warning(
+                "fleet: engine %s does not serve model %s (it lists: %s)",
+                engine.config.name,
+                self._model,
+                ", ".join(sorted(models)) or "nothing",
+            )
+        engine.state.serves_model = serves
 
     async def _check(self, engine: _Engine) -> HealthCheck:
         try:

@@ -71,3 +71,22 @@ async def scrape_metrics(
     # A generic OpenAI server may serve /metrics for something else entirely (its own
     # process metrics): for the scheduler that is the same as having none.
     return MetricsFailure.ABSENT if dialect == "openai" else MetricsFailure.UNREADABLE
+
+
+async def list_models(
+    session: aiohttp.ClientSession, base_url: str, per_request: aiohttp.ClientTimeout
+) -> frozenset[str] | None:
+    """The model ids of the engine's GET /v1/models, or None when it cannot tell."""
+    try:
+        async with session.get(
+            base_url + "/v1/models", timeout=per_request, raise_for_status=False
+        ) as response:
+            if response.status != 200:
+                return None
+            body = await response.json(content_type=None)
+    except (TimeoutError, aiohttp.ClientError, OSError, ValueError):
+        return None
+    data = body.get("data") if isinstance(body, dict) else None
+    if not isinstance(data, list):
+        return None
+    return frozenset(m["id"] for m in data if isinstance(m, dict) and isinstance(m.get("id"), str))

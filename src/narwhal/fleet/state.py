@@ -77,6 +77,9 @@ class EngineHealth:
     metrics_supported: bool | None = None
     last_scrape_failed: bool = False
     monitoring_failed: bool = False
+    # Whether GET /v1/models lists the configured model: None while unknown (not checked,
+    # or the engine has no usable list), False keeps the engine out of placement.
+    serves_model: bool | None = None
 
     @property
     def healthy(self) -> bool:
@@ -84,7 +87,7 @@ class EngineHealth:
 
     @property
     def placeable(self) -> bool:
-        return self.healthy and not self.monitoring_failed
+        return self.healthy and not self.monitoring_failed and self.serves_model is not False
 
     def record_health(self, check: HealthCheck, now: float) -> None:
         if check is HealthCheck.OK:
