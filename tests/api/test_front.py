@@ -143,20 +143,27 @@ async def test_unknown_fields_pass_validation(router: NarwhalProcess) -> None:
     assert status == 503  # valid: reaches placement
 
 
+async def head_only(router: NarwhalProcess, extra_headers: bytes) -> bytes:
+    """Send a chat request's head without its body; the response head that comes back."""
+    host, port = _address(router.url)
+    reader, writer = await asyncio.open_connection(host, port)
+    try:
+        writer.write(
+            b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
+            b"Content-Type: application/json\r\n" + extra_headers + b"\r\n"
+        )
+        await writer.drain()
+        return await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
+    finally:
+        writer.close()
+
+
 async def test_content_length_over_limit_is_413_before_the_body_is_sent(
     router: NarwhalProcess,
 ) -> None:
-    host, port = _address(router.url)
-    reader, writer = await asyncio.open_connection(host, port)
-    writer.write(
-        b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-        b"Content-Length: 50000000\r\n\r\n"
-    )
-    await writer.drain()
-    head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
+    head = await head_only(router, b"Content-Length: 50000000\r\n")
     assert head.startswith(b"HTTP/1.1 413")
     assert b"x-request-id" in head.lower()
-    writer.close()
 
 
 async def test_chunked_body_over_limit_is_413(router: NarwhalProcess) -> None:
@@ -324,13 +331,5 @@ def _address(url: str) -> tuple[str, int]:
 async def test_expect_continue_is_not_sent_for_a_body_over_the_limit(
     router: NarwhalProcess,
 ) -> None:
-    host, port = _address(router.url)
-    reader, writer = await asyncio.open_connection(host, port)
-    writer.write(
-        b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-        b"Expect: 100-continue\r\nContent-Length: 9000000\r\n\r\n"
-    )
-    await writer.drain()
-    head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
-    assert head.startswith(b"HTTP/1.1 413")
-    writer.close()
+    head = await head_only(router, b"Expect: 100-continue\r\nContent-Length: 9000000\r\n")
+    assert head.startswith(b"HTTP/1.1 413")  # not "100 Continue" first
