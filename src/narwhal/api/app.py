@@ -10,7 +10,7 @@ from aiohttp.typedefs import Handler
 from narwhal.api.completions import CompletionFront
 from narwhal.api.ops import OpsRoutes
 from narwhal.api.request_id import HEADER as REQUEST_ID_HEADER
-from narwhal.api.request_id import choose_request_id
+from narwhal.api.request_id import choose_request_id, current_request_id
 from narwhal.api.responses import error_response
 from narwhal.errors import InvalidRequest
 
@@ -23,7 +23,7 @@ async def request_id_middleware(request: web.Request, handler: Handler) -> web.S
     Streaming handlers set the header themselves, before their headers go out.
     """
     request_id = choose_request_id(request.headers.get(REQUEST_ID_HEADER))
-    request["request_id"] = request_id
+    current_request_id.set(request_id)
     try:
         response = await handler(request)
     except web.HTTPException as exc:

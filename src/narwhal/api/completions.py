@@ -16,6 +16,7 @@ from aiohttp import web
 
 from narwhal.api.body import BodyIncomplete, read_limited_body
 from narwhal.api.request_id import HEADER as REQUEST_ID_HEADER
+from narwhal.api.request_id import current_request_id
 from narwhal.api.responses import error_response
 from narwhal.api.service import ClientGone, CompletionService, RequestContext
 from narwhal.config import Config
@@ -54,7 +55,7 @@ class CompletionFront:
     async def _handle(self, http: web.Request, route: Route) -> web.StreamResponse:
         metrics = self._metrics
         arrived = time.monotonic()
-        request_id: str = http["request_id"]
+        request_id = current_request_id.get()
         metrics.offered.inc()
         outcome = "client_gone"
         sized = False

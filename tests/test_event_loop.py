@@ -1,0 +1,66 @@
+"""The router never blocks its event loop.
+
+The router and a simulated engine run in this process on an asyncio loop in debug mode,
+which logs every callback that holds the loop longer than `slow_callback_duration`. A
+blocking call anywhere on the request path (a synchronous socket, file or sleep) shows up
+as such a callback; ordinary work on this shared 2-core machine stays far below it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import aiohttp
+import pytest
+from aiohttp import web
+
+from narwhal.config import Config, EngineConfig
+from narwhal.router import Router
+from narwhal.sim import SimOptions, start_sim
+
+MODEL = "narwhal-sim"
+SLOW_CALLBACK_S = 0.25
+
+
+async def _exercise(url: str, session: aiohttp.ClientSession, n: int) -> list[int]:
+    async def one(i: int) -> int:
+        body = {
+            "model": MODEL,
+            "messages": [{"role": "user", "content": f"#sim:tool_calls hello {i}"}],
+            "max_tokens": 24,
+            "stream": i % 2 == 0,
+        }
+        async with session.post(url + "/v1/chat/completions", json=body) as resp:
+            await resp.read()
+            return resp.status
+
+    return list(await asyncio.gather(*(one(i) for i in range(n))))
+
+
+async def test_the_request_path_never_blocks_the_loop(caplog: pytest.LogCaptureFixture) -> None:
+    loop = asyncio.get_running_loop()
+    sim = await start_sim(SimOptions(model=MODEL, time_scale=0.0))
+    config = Config(model=MODEL, engines=(EngineConfig(name="s0", url=sim.url),))
+    router = Router(config)
+    runner = web.AppRunner(router.app, handler_cancellation=True)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = next(a[1] for a in runner.addresses if isinstance(a, tuple))
+    url = f"http://127.0.0.1:{port}"
+    try:
+        async with aiohttp.ClientSession() as session:
+            assert set(await _exercise(url, session, 8)) == {200}  # warm-up: imports, caches
+            loop.set_debug(True)
+            loop.slow_callback_duration = SLOW_CALLBACK_S
+            with caplog.at_level(logging.WARNING, logger="asyncio"):
+                assert set(await _exercise(url, session, 200)) == {200}
+                async with session.get(url + "/metrics") as resp:
+                    assert resp.status == 200
+            loop.set_debug(False)
+    finally:
+        await runner.cleanup()
+        await sim.close()
+    slow = [r.getMessage() for r in caplog.records if "Executing" in r.getMessage()]
+    assert not slow, slow
