@@ -18,6 +18,7 @@ from aiohttp import web
 from narwhal.config import Config, EngineConfig
 from narwhal.router import Router
 from narwhal.sim import SimOptions, start_sim
+from tests.processes import narwhal_process
 
 MODEL = "narwhal-sim"
 SLOW_CALLBACK_S = 0.25
@@ -64,3 +65,51 @@ async def test_the_request_path_never_blocks_the_loop(caplog: pytest.LogCaptureF
         await sim.close()
     slow = [r.getMessage() for r in caplog.records if "Executing" in r.getMessage()]
     assert not slow, slow
+
+
+async def test_a_long_prompt_is_sized_off_the_loop(caplog: pytest.LogCaptureFixture) -> None:
+    # The engine runs in its own process: it tokenizes the prompt too, on its own loop.
+    with narwhal_process(
+        [
+            "sim",
+            "--port",
+            "0",
+            "--time-scale",
+            "0",
+            "--max-model-len",
+            "2000000",
+            "--kv-capacity-tokens",
+            "2000000",
+            # No token IDs: a vLLM engine would send the 900,000 prompt IDs back on its
+            # first event, and decoding those is a cost of its own, not the sizing's.
+            "--dialect",
+            "openai",
+        ]
+    ) as sim:
+        loop = asyncio.get_running_loop()
+        engine = EngineConfig(name="s0", url=sim.url, dialect="openai")
+        router = Router(Config(model=MODEL, engines=(engine,)))
+        runner = web.AppRunner(router.app, handler_cancellation=True)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port = next(a[1] for a in runner.addresses if isinstance(a, tuple))
+        url = f"http://127.0.0.1:{port}"
+        prompt = "1 " * 450_000  # 900 kB, 450,000 tokens: ~65 ms to size on the dev machine
+        body = {"model": MODEL, "messages": [{"role": "user", "content": prompt}], "max_tokens": 2}
+        try:
+            async with aiohttp.ClientSession() as session:
+                loop.set_debug(True)
+                # Sizing this prompt in one go would hold the loop ~65 ms; the rest of the
+                # request path takes ~20 ms for 900 kB of JSON on the dev machine.
+                loop.slow_callback_duration = 0.045
+                with caplog.at_level(logging.WARNING, logger="asyncio"):
+                    async with session.post(url + "/v1/chat/completions", json=body) as resp:
+                        assert resp.status == 200, await resp.text()
+                        usage = (await resp.json())["usage"]
+                loop.set_debug(False)
+        finally:
+            await runner.cleanup()
+    assert usage["prompt_tokens"] > 400_000
+    slow = [r.getMessage() for r in caplog.records if "Executing" in r.getMessage()]
+    assert not any("_handle" in m for m in slow), slow

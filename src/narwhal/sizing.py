@@ -9,13 +9,16 @@ per-message allowance for the chat template.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from narwhal.protocol.requests import CompletionRequest
-from narwhal.protocol.tokenizer import SimTokenizer
+from narwhal.protocol.tokenizer import SimTokenizer, chat_prompt_parts, split_at_spaces
 
 _TEMPLATE_TOKENS_PER_MESSAGE = 4
+# Tokenized between two yields to the event loop: about a millisecond of work.
+_PIECE_CHARS = 16 * 1024
 
 
 class PromptSizer:
@@ -24,25 +27,45 @@ class PromptSizer:
         self._count_text = count_text
 
     def __call__(self, request: CompletionRequest) -> int:
+        fixed, texts = self._parts(request)
+        count = self._count
+        return fixed + sum(count(text) for text in texts)
+
+    async def size_long(self, request: CompletionRequest) -> int:
+        """The same count, for long prompts, yielding to the event loop between pieces.
+
+        The tokenizers run in C without releasing the GIL, so neither a plain call nor a
+        worker thread would let other streams move while a megabyte is tokenized.
+        """
+        fixed, texts = self._parts(request)
+        total = fixed
+        for text in texts:
+            for piece in split_at_spaces(text, _PIECE_CHARS):
+                total += self._count(piece)
+                await asyncio.sleep(0)
+        return total
+
+    def _count(self, text: str) -> int:
+        return self._sim.count(text) if self._count_text is None else self._count_text(text)
+
+    def _parts(self, request: CompletionRequest) -> tuple[int, list[str]]:
+        """(tokens counted without encoding, texts to encode), whichever tokenizer."""
         body = request.body
         if request.route == "chat":
-            messages: Sequence[Mapping[str, object]] = body["messages"]
+            messages: Sequence[Mapping[str, Any]] = body["messages"]
             if self._count_text is None:
-                return self._sim.chat_prompt_count(messages)
-            return sum(
-                self._count_text(_message_text(m)) + _TEMPLATE_TOKENS_PER_MESSAGE for m in messages
-            )
+                return chat_prompt_parts(messages)
+            return _TEMPLATE_TOKENS_PER_MESSAGE * len(messages), [
+                _message_text(m) for m in messages
+            ]
         prompt = body["prompt"]
+        bos = 1 if self._count_text is None else 0
         if isinstance(prompt, str):
-            return self._count_prompt(prompt)
+            return bos, [prompt]
         if prompt and isinstance(prompt[0], int):
-            return len(prompt)
-        return sum(len(p) if isinstance(p, list) else self._count_prompt(p) for p in prompt)
-
-    def _count_prompt(self, text: str) -> int:
-        if self._count_text is None:
-            return len(self._sim.completion_prompt_ids(text))
-        return self._count_text(text)
+            return len(prompt), []
+        fixed = sum(len(p) if isinstance(p, list) else bos for p in prompt)
+        return fixed, [p for p in prompt if isinstance(p, str)]
 
 
 def _message_text(message: Mapping[str, Any]) -> str:

@@ -219,18 +219,44 @@ class SimTokenizer:
 
     def chat_prompt_count(self, messages: Sequence[Mapping[str, object]]) -> int:
         """== len(chat_prompt_ids(messages)), without building the list."""
-        total = 1 + self.count("assistant\n")
-        for message in messages:
-            role = message.get("role")
-            total += 2 + self.count((role if isinstance(role, str) else "user") + "\n")
-            total += self.count(_content_text(message.get("content")))
-        return total
+        fixed, texts = chat_prompt_parts(messages)
+        return fixed + sum(self.count(text) for text in texts)
 
     def completion_prompt_ids(self, prompt: str | Sequence[int]) -> list[int]:
         """BOS then the text's ids; a sequence of ints is taken as ids as they are."""
         if isinstance(prompt, str):
             return [BOS_ID, *self.encode(prompt)]
         return list(prompt)
+
+
+def chat_prompt_parts(messages: Sequence[Mapping[str, object]]) -> tuple[int, list[str]]:
+    """The chat template as (its special tokens, the texts to encode): the prompt's token
+    count is the first plus the counts of the others (`SimTokenizer.chat_prompt_ids`)."""
+    texts = ["assistant\n"]
+    for message in messages:
+        role = message.get("role")
+        texts.append((role if isinstance(role, str) else "user") + "\n")
+        texts.append(_content_text(message.get("content")))
+    return 1 + 2 * len(messages), texts
+
+
+def split_at_spaces(text: str, size: int) -> list[str]:
+    """`text` in pieces of about `size` characters whose token counts add up to its own.
+
+    Every piece but the first starts with a space: a space only ever starts a unit (see
+    the unit table above), so a cut just before one never joins or splits a unit. Text
+    with no space in a stretch stays in one piece.
+    """
+    pieces: list[str] = []
+    start = 0
+    while len(text) - start > size:
+        cut = text.find(" ", start + size)
+        if cut < 0:
+            break
+        pieces.append(text[start:cut])
+        start = cut
+    pieces.append(text[start:])
+    return pieces
 
 
 def message_text(content: object) -> str:
