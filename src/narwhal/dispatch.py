@@ -226,7 +226,9 @@ class Dispatcher:
             continuous_usage=request.continuous_usage,
         )
         tracker = OutputTracker(
-            request.route, token_ids=supplies_token_ids(client.dialect, request.route)
+            request.route,
+            token_ids=supplies_token_ids(client.dialect, request.route),
+            prompt_ids=request.return_token_ids,
         )
         authorization = http.headers.get("Authorization")
         phase = _PhaseLoad(plan.prefill or decode_entry, context.prompt_tokens)

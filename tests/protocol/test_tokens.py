@@ -199,3 +199,13 @@ def test_sglext_output_ids() -> None:
     for bad in ({"output_ids": [[True]]}, {"output_ids": [5]}, {"output_ids": 5}, []):
         with pytest.raises(TokenIdError):
             sglext_output_token_count({"sglext": bad})
+
+
+def test_prompt_ids_are_checked_only_for_clients_that_see_them() -> None:
+    event = {
+        "prompt_token_ids": [1, True],
+        "choices": [{"index": 0, "delta": {"content": "x"}, "token_ids": [5]}],
+    }
+    with pytest.raises(TokenIdError):
+        count_event_token_ids(event, "chat")
+    assert count_event_token_ids(event, "chat", prompt_ids=False) == 1

@@ -65,14 +65,18 @@ def _raise_bad_id(token: Any, where: str) -> None:
     raise TokenIdError(f"engine sent a token id that is not an integer in {where}")
 
 
-def count_event_token_ids(event: Mapping[str, Any], route: Route) -> int:
+def count_event_token_ids(
+    event: Mapping[str, Any], route: Route, *, prompt_ids: bool = True
+) -> int:
     """Validate the event's token IDs and return how many generated IDs it carries.
 
     Raises TokenIdError when a choice carrying output omits `token_ids`, or when any
-    ID list (generated or prompt) is malformed.
+    ID list (generated, or prompt unless `prompt_ids` is False) is malformed. Prompt IDs
+    matter only to a client that will see them: vLLM sends the whole prompt's IDs on the
+    first event, and checking 100,000 of them is wasted work when they are dropped.
     """
     prompt = event.get("prompt_token_ids")
-    if prompt is not None:
+    if prompt_ids and prompt is not None:
         check_token_ids(prompt, "prompt_token_ids")
     choices = event.get("choices")
     if type(choices) is not list:
@@ -95,7 +99,7 @@ def count_event_token_ids(event: Mapping[str, Any], route: Route) -> int:
         elif _carries_output(choice, route):
             raise TokenIdError("engine event omits token_ids for generated output")
         prompt = choice.get("prompt_token_ids")
-        if prompt is not None:
+        if prompt_ids and prompt is not None:
             check_token_ids(prompt, "prompt_token_ids")
     return total
 

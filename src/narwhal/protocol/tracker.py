@@ -24,6 +24,7 @@ _OUTPUT_FIELDS = ("content", "reasoning", "reasoning_content", "refusal", "tool_
 class OutputTracker:
     __slots__ = (
         "_finish_reasons",
+        "_prompt_ids",
         "_route",
         "_token_ids",
         "event_counts",
@@ -34,9 +35,12 @@ class OutputTracker:
         "usage",
     )
 
-    def __init__(self, route: Route, *, token_ids: bool) -> None:
+    def __init__(self, route: Route, *, token_ids: bool, prompt_ids: bool = True) -> None:
+        """`token_ids`: the engine supplies them; `prompt_ids`: the client will see the
+        prompt's IDs, so they are checked too."""
         self._route = route
         self._token_ids = token_ids
+        self._prompt_ids = prompt_ids
         self._finish_reasons: dict[int, str | None] = {}  # choice index -> finish_reason
         self.tokens = 0  # validated generated token IDs (or output events without IDs)
         self.events = 0
@@ -58,7 +62,7 @@ class OutputTracker:
                 raise error
         self.events += 1
         if self._token_ids:
-            count = count_event_token_ids(event, self._route)
+            count = count_event_token_ids(event, self._route, prompt_ids=self._prompt_ids)
         else:
             count = 0
         choices = event.get("choices")
