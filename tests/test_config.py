@@ -115,3 +115,16 @@ def test_check_config_missing_file(tmp_path: Path) -> None:
     result = _check_config(tmp_path / "absent.yaml")
     assert result.returncode == 2
     assert "cannot read" in result.stderr
+
+
+def test_serve_refuses_a_high_availability_backend_it_does_not_have(tmp_path: Path) -> None:
+    config = tmp_path / "ha.yaml"
+    config.write_text(MINIMAL + "ha: {backend: etcd, endpoints: ['http://127.0.0.1:2379']}\n")
+    result = subprocess.run(
+        [sys.executable, "-m", "narwhal", "serve", "--config", str(config), "--port", "0"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 2
+    assert "ha.backend" in result.stderr

@@ -55,6 +55,11 @@ def run(args: argparse.Namespace) -> int:
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    if config.ha.backend != "none":
+        # Serving as if active while the operator expects a leader election could put two
+        # active routers in front of one fleet: refuse until high availability exists.
+        print("error: ha.backend: etcd is not supported by this build yet", file=sys.stderr)
+        return 2
     run_event_loop(lambda: serve_forever(_with_serving(config, overrides)))
     return 0
 
