@@ -37,6 +37,9 @@ def client(router: NarwhalProcess) -> Iterator[openai.OpenAI]:
 
 def test_models(client: openai.OpenAI) -> None:
     assert [m.id for m in client.models.list()] == [MODEL]
+    assert client.models.retrieve(MODEL).id == MODEL
+    with pytest.raises(openai.NotFoundError):
+        client.models.retrieve("gpt-unknown")
 
 
 def test_non_streaming_chat_with_tool_calls(client: openai.OpenAI) -> None:

@@ -9,6 +9,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from narwhal.api.responses import json_response
 from narwhal.api.service import CompletionService
+from narwhal.errors import ModelNotFound
 from narwhal.metrics import RouterMetrics
 from narwhal.state import RouterState
 
@@ -38,16 +39,20 @@ class OpsRoutes:
         return response
 
     async def models(self, request: web.Request) -> web.Response:
-        return json_response(
-            {
-                "object": "list",
-                "data": [
-                    {
-                        "id": self._model,
-                        "object": "model",
-                        "created": self._created,
-                        "owned_by": "narwhal",
-                    }
-                ],
-            }
-        )
+        return json_response({"object": "list", "data": [self._card()]})
+
+    async def model(self, request: web.Request) -> web.Response:
+        """GET /v1/models/{model}, as the OpenAI client's `models.retrieve` asks."""
+        name = request.match_info["model"]
+        if name != self._model:
+            error = ModelNotFound(name)
+            return json_response(error.envelope(), status=error.status)
+        return json_response(self._card())
+
+    def _card(self) -> dict[str, object]:
+        return {
+            "id": self._model,
+            "object": "model",
+            "created": self._created,
+            "owned_by": "narwhal",
+        }
