@@ -64,7 +64,7 @@ def build_app(front: CompletionFront, ops: OpsRoutes, max_request_bytes: int) ->
     app.router.add_post("/v1/chat/completions", front.chat, expect_handler=expect)
     app.router.add_post("/v1/completions", front.completions, expect_handler=expect)
     app.router.add_get("/v1/models", ops.models)
-    app.router.add_get("/v1/models/{model}", ops.model)
+    app.router.add_get("/v1/models/{model:.+}", ops.model)  # names may hold slashes
     app.router.add_get("/health", ops.health)
     app.router.add_get("/ready", ops.ready)
     app.router.add_get("/metrics", ops.metrics)
