@@ -96,7 +96,7 @@ def count_event_token_ids(
             total += len(ids)
         elif ids is not None:
             total += check_token_ids(ids, "token_ids")
-        elif _carries_output(choice, route):
+        elif carries_output(choice, route):
             raise TokenIdError("engine event omits token_ids for generated output")
         prompt = choice.get("prompt_token_ids")
         if prompt_ids and prompt is not None:
@@ -134,7 +134,9 @@ def sglext_output_token_count(event: Mapping[str, Any]) -> int | None:
     return sum(check_token_ids(ids, "sglext.output_ids") for ids in outputs)
 
 
-def _carries_output(choice: Mapping[str, Any], route: Route) -> bool:
+def carries_output(choice: Mapping[str, Any], route: Route) -> bool:
+    """Whether a choice of an event carries generated output (text, reasoning, tool or
+    function calls, refusals): the events whose token IDs must be present."""
     if route == "completion":
         return bool(choice.get("text"))
     delta = choice.get("delta")

@@ -16,9 +16,11 @@ from collections.abc import Mapping
 from typing import Any
 
 from narwhal.protocol.events import EngineOutputError, Route, engine_error
-from narwhal.protocol.tokens import count_event_token_ids, sglext_output_token_count
-
-_OUTPUT_FIELDS = ("content", "reasoning", "reasoning_content", "refusal", "tool_calls")
+from narwhal.protocol.tokens import (
+    carries_output,
+    count_event_token_ids,
+    sglext_output_token_count,
+)
 
 
 class OutputTracker:
@@ -29,7 +31,6 @@ class OutputTracker:
         "_token_ids",
         "event_counts",
         "event_times",
-        "events",
         "first_output_at",
         "tokens",
         "usage",
@@ -43,16 +44,11 @@ class OutputTracker:
         self._prompt_ids = prompt_ids
         self._finish_reasons: dict[int, str | None] = {}  # choice index -> finish_reason
         self.tokens = 0  # validated generated token IDs (or output events without IDs)
-        self.events = 0
         self.first_output_at: float | None = None
         self.usage: dict[str, Any] | None = None
         # When output arrived and how many tokens each time: TTFT, TPOT, learning.
         self.event_times = array("d")
         self.event_counts = array("I")
-
-    @property
-    def counts_token_ids(self) -> bool:
-        return self._token_ids
 
     def observe(self, event: Mapping[str, Any], now: float) -> None:
         """Account one decoded event; raise UpstreamError if it fails the attempt."""
@@ -60,7 +56,6 @@ class OutputTracker:
             error = engine_error(event)
             if error is not None:
                 raise error
-        self.events += 1
         if self._token_ids:
             count = count_event_token_ids(event, self._route, prompt_ids=self._prompt_ids)
         else:
@@ -78,7 +73,7 @@ class OutputTracker:
                     raise EngineOutputError("engine sent a choice index that is not an integer")
                 if reason is not None or index not in self._finish_reasons:
                     self._finish_reasons[index] = reason
-                if not self._token_ids and _carries_output(choice, self._route):
+                if not self._token_ids and carries_output(choice, self._route):
                     count += 1
         if count:
             if self.first_output_at is None:
@@ -119,11 +114,3 @@ class OutputTracker:
         if after_first <= 0:
             return None
         return (self.event_times[-1] - self.event_times[0]) / after_first
-
-
-def _carries_output(choice: Mapping[str, Any], route: Route) -> bool:
-    """Without token IDs, a choice carrying output counts as one token (an estimate)."""
-    if route == "completion":
-        return bool(choice.get("text"))
-    delta = choice.get("delta")
-    return bool(delta) and type(delta) is dict and any(delta.get(k) for k in _OUTPUT_FIELDS)
