@@ -60,6 +60,8 @@ def decode_event(data: bytes) -> dict[str, Any]:
         return _decoder.decode(data)
     except msgspec.DecodeError as exc:  # ValidationError is a DecodeError
         raise EngineOutputError(f"engine sent an event that is not a JSON object: {exc}") from None
+    except RecursionError:
+        raise EngineOutputError("engine sent an event nested too deeply to decode") from None
 
 
 def encode_event(event: Mapping[str, Any]) -> bytes:

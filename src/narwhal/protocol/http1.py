@@ -270,6 +270,10 @@ class ResponseParser:
             buf = b"".join((pending, data))
         else:
             buf = data
+            if self._state == _CHUNK_SIZE:
+                buf = self._split_chunks(buf)
+                if not buf:
+                    return
         self._pos = 0
         self._parse_chunked(buf)
         pos = self._pos
@@ -281,6 +285,46 @@ class ResponseParser:
             self._buf = bytearray(buf[pos:]) if pos < len(buf) else _NOTHING
             self._scan = max(0, self._scan - pos)  # (only meaningful inside a line)
         self._pos = 0
+
+    def _split_chunks(self, buf: bytes) -> bytes:
+        """The fast path for a read that starts at a chunk-size line: de-frame all its
+        whole chunks with C-level passes; return the bytes left for `_parse_chunked` (an
+        unfinished chunk, or all of `buf` when the shortcut does not apply).
+
+        Split at every CRLF, a chunked body alternates size lines and data, and each
+        data piece's length must equal its size. That check proves the framing: a size
+        line cannot hold a CRLF, so the first piece is the size line; a data piece
+        ending at the first CRLF after it is exactly `size` bytes only when the chunk's
+        data holds no CRLF and the CRLF after it is where it must be; and so on, chunk
+        by chunk. Data with a CRLF of its own makes a piece too short, and the loop
+        parses it. A zero size is taken only as the very end (`0`, blank line).
+        """
+        parts = buf.split(_CRLF)
+        rest = parts.pop()  # after the last CRLF: the start of a line still arriving
+        if len(parts) % 2:
+            # The last whole line is a size line whose data is still arriving.
+            rest = parts.pop() + _CRLF + rest
+        if not parts:
+            return buf
+        datas = parts[1::2]
+        sizes = list(map(_SIZES.get, parts[0::2]))
+        if None in sizes:
+            return buf  # extensions, upper case, over 4 KiB: the loop checks and converts
+        if sizes != list(map(len, datas)):
+            return buf
+        if not sizes[-1]:
+            # `0` and a blank line end the body; anything after it: the loop judges.
+            if rest or 0 in sizes[:-1]:
+                return buf
+            datas.pop()
+            self._pieces.extend(datas)
+            self._state = _DONE
+            self.body_done = True
+            return _NOTHING
+        if 0 in sizes:
+            return buf
+        self._pieces.extend(datas)
+        return rest
 
     def _parse_chunked(self, buf: bytes) -> None:
         # Locals, not attributes, inside the loop: this is the per-chunk hot path.

@@ -114,6 +114,57 @@ class SSEDecoder:
             work = chunk
         return self._parse(work)
 
+    def feed_run(self, chunk: bytes) -> tuple[list[SSEEvent], bytes, list[bytes]]:
+        """`feed`, with a fast path for vLLM's shape: returns `(events, run, datas)`.
+
+        `events` are dispatched as by `feed` (here: the event a previous chunk left
+        unfinished). `run` is the stretch of the chunk after them that holds nothing but
+        whole one-line `data: …` events, each ended by a blank LF line, back to back;
+        `datas` are their data, in order, after `events`. The bytes after the run start an
+        event still arriving and stay buffered. Anything else (CR line ends, comments,
+        other fields, several data lines) gives `feed(chunk)` and an empty run.
+
+        Splitting a stretch at once costs a third of `_parse`'s per-event loop; the
+        newline count proves every block is exactly one line.
+        """
+        if self._bom is not None:
+            chunk = self._strip_bom(chunk)
+            if not chunk:
+                return [], b"", []
+        if self._skip_lf or chunk.find(b"\r") != -1:
+            return self.feed(chunk), b"", []
+        events: list[SSEEvent] = []
+        rest = chunk
+        if self._buf:
+            # Finish the pending event with the general parser (its blank line may
+            # straddle the two chunks), then look at what follows.
+            if self._buf.endswith(b"\n") and chunk.startswith(b"\n"):
+                cut = 1
+            else:
+                cut = chunk.find(b"\n\n") + 2
+                if cut == 1:
+                    return self.feed(chunk), b"", []
+            events = self.feed(chunk[:cut])
+            rest = chunk[cut:]
+            if self._buf:
+                return events + self.feed(rest), b"", []
+        last = rest.rfind(b"\n\n") + 2
+        if last == 1:
+            return events + self.feed(rest), b"", []
+        run = rest[:last]
+        blocks = run.split(b"\n\n")
+        blocks.pop()  # the empty tail after the last blank line
+        if run.count(b"\n") != 2 * len(blocks):
+            return events + self.feed(rest), b"", []
+        for block in blocks:
+            if not block.startswith(b"data: "):
+                return events + self.feed(rest), b"", []
+        if last < len(rest):
+            # No blank line in the tail (the run took the last one) and it cannot start
+            # with LF (then the run would end in three), so this only buffers it.
+            self.feed(rest[last:])
+        return events, run, [block[6:] for block in blocks]
+
     def close(self) -> list[SSEEvent]:
         """End of stream. An unterminated event is discarded, as the SSE rules say; check
         `pending` to tell a truncated stream from a clean end."""

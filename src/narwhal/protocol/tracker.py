@@ -12,11 +12,15 @@ Times come from the caller (`now`), so this stays sans-IO and exact under test.
 from __future__ import annotations
 
 from array import array
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
+from msgspec import UNSET
+
 from narwhal.protocol.events import EngineOutputError, Route, engine_error
+from narwhal.protocol.plain import PlainEvent
 from narwhal.protocol.tokens import (
+    TokenIdError,
     carries_output,
     count_event_token_ids,
     sglext_output_token_count,
@@ -26,6 +30,7 @@ from narwhal.protocol.tokens import (
 class OutputTracker:
     __slots__ = (
         "_finish_reasons",
+        "_first_count",
         "_prompt_ids",
         "_route",
         "_token_ids",
@@ -46,9 +51,11 @@ class OutputTracker:
         self.tokens = 0  # validated generated token IDs (or output events without IDs)
         self.first_output_at: float | None = None
         self.usage: dict[str, Any] | None = None
-        # When output arrived and how many tokens each time: TTFT, TPOT, learning.
+        # When output arrived and how many tokens each time (events read together share
+        # one time, so they share one entry): TTFT, TPOT, learning.
         self.event_times = array("d")
         self.event_counts = array("I")
+        self._first_count = 0  # the tokens of the first output event
 
     def observe(self, event: Mapping[str, Any], now: float) -> None:
         """Account one decoded event; raise UpstreamError if it fails the attempt."""
@@ -76,11 +83,7 @@ class OutputTracker:
                 if not self._token_ids and carries_output(choice, self._route):
                     count += 1
         if count:
-            if self.first_output_at is None:
-                self.first_output_at = now
-            self.tokens += count
-            self.event_times.append(now)
-            self.event_counts.append(count)
+            self._record(count, count, now)
         usage = event.get("usage")
         if usage is not None:
             self.usage = usage
@@ -89,6 +92,75 @@ class OutputTracker:
             if sglext is not None:
                 # SGLang's streamed chat gives every ID at the end: exact count, no timing.
                 self.tokens = sglext
+
+    def observe_plains(self, events: Iterable[PlainEvent], now: float) -> int:
+        """`observe` for events `decode_plain` accepted, read together at `now`: the same
+        accounting, from fields msgspec already validated (IDs are nonnegative integers;
+        no error, usage or prompt IDs are present, those events take `observe`).
+
+        Returns how many ID-list keys their choices have (`token_ids`, null included, and
+        a null `prompt_token_ids`), which the exposure filter removes for clients that
+        did not ask for IDs."""
+        token_ids = self._token_ids
+        chat = self._route == "chat"
+        reasons = self._finish_reasons
+        total = 0
+        first = 0  # the first output event's tokens
+        keys = 0
+        for event in events:
+            choices = event.choices
+            if not choices:
+                continue
+            count = 0
+            for choice in choices:
+                ids = choice.token_ids
+                if ids is not UNSET:
+                    keys += 1
+                if choice.prompt_token_ids is None:  # (a list is never plain)
+                    keys += 1
+                if token_ids and ids is not UNSET and ids is not None:
+                    count += len(ids)
+                else:
+                    if chat:
+                        delta = choice.delta
+                        output = delta is not None and delta.carries_output()
+                    else:
+                        output = bool(choice.text)
+                    if output:
+                        if token_ids:
+                            # What came before in this read was validated: count it.
+                            if total:
+                                self._record(total, first, now)
+                            raise TokenIdError("engine event omits token_ids for generated output")
+                        count += 1
+                reason = choice.finish_reason
+                index = choice.index
+                if reason is not None or index not in reasons:
+                    reasons[index] = reason
+            if count:
+                if not total:
+                    first = count
+                total += count
+        if total:
+            self._record(total, first, now)
+        return keys
+
+    def _record(self, count: int, first: int, now: float) -> None:
+        """`count` tokens arrived at `now`, `first` of them in the first event."""
+        if self.first_output_at is None:
+            self.first_output_at = now
+            self._first_count = first
+        self.tokens += count
+        times = self.event_times
+        if times and times[-1] == now:
+            self.event_counts[-1] += count
+        else:
+            times.append(now)
+            self.event_counts.append(count)
+
+    @property
+    def route(self) -> Route:
+        return self._route
 
     @property
     def finished(self) -> bool:
@@ -107,10 +179,11 @@ class OutputTracker:
         return self.tokens, "events"
 
     def time_per_output_token(self) -> float | None:
-        """Mean seconds per token after the first output event, from validated IDs."""
+        """Mean seconds per token after the first output event, from validated IDs; None
+        when all output arrived at once (nothing to measure between tokens)."""
         if len(self.event_times) < 2:
             return None
-        after_first = self.tokens - self.event_counts[0]
+        after_first = self.tokens - self._first_count
         if after_first <= 0:
             return None
         return (self.event_times[-1] - self.event_times[0]) / after_first

@@ -1,0 +1,203 @@
+"""One engine stream's bytes in: the streaming client's bytes, or the assembler's events, out.
+
+Both sinks decode the engine's SSE, pass every event through the attempt's
+`OutputTracker` exactly once (validation, accounting, timing) and count what they saw,
+so the dispatcher can tell "no event yet" from "events in hand" and a clean end (`done`:
+the engine's `data: [DONE]`) from a truncated one.
+
+- `StreamForwarder` (streaming clients) returns the bytes to write for each read. Plain
+  events (`plain.py`) go out as the engine's own bytes, with the `token_ids` keys cut
+  out when the client did not ask for IDs; every other event takes the general path:
+  decoded to a dict, `apply_exposure`, and its raw bytes or a re-encoding.
+- `StreamCollector` (non-streaming clients) hands every decoded event to the assembler.
+
+`[DONE]` is never forwarded: the relay writes its own after a clean end, so a stream cut
+short can never look complete.
+"""
+
+from __future__ import annotations
+
+from typing import Final, cast
+
+from narwhal.protocol.assembly import Assembler
+from narwhal.protocol.events import decode_event, encode_sse_event
+from narwhal.protocol.exposure import Exposed, Exposure, apply_exposure, needs_rewrite
+from narwhal.protocol.plain import (
+    PlainEvent,
+    decode_plain,
+    decode_plains,
+    id_list_keys,
+    strip_token_ids,
+)
+from narwhal.protocol.sse import SSEDecoder, SSEEvent
+from narwhal.protocol.tracker import OutputTracker
+
+_DONE: Final = b"[DONE]"
+
+
+class StreamForwarder:
+    __slots__ = (
+        "_completion",
+        "_decoder",
+        "_exposure",
+        "_rewrite",
+        "_strip_ids",
+        "done",
+        "events",
+        "tracker",
+    )
+
+    def __init__(self, tracker: OutputTracker, exposure: Exposure) -> None:
+        self.tracker = tracker
+        self._exposure = exposure
+        self._rewrite = needs_rewrite(exposure)
+        self._strip_ids = not exposure.token_ids
+        # Completion chunks carry `"prompt_token_ids": null` per choice (chat: top level).
+        self._completion = tracker.route == "completion"
+        self._decoder = SSEDecoder()
+        self.done = False  # the engine's `data: [DONE]` came
+        self.events = 0  # events seen, [DONE] included
+
+    @property
+    def pending(self) -> bool:
+        """Bytes of an unfinished event are held (the stream would end mid-event)."""
+        return self._decoder.pending
+
+    def feed(self, chunk: bytes, now: float) -> bytes:
+        """Take the engine's next bytes; return what the client gets for them (maybe b"").
+
+        Raises UpstreamError when an event fails the attempt.
+        """
+        events, run, datas = self._decoder.feed_run(chunk)
+        if not datas:
+            return self._feed_events(events, now)
+        if not events:
+            return self._feed_run(run, datas, now)
+        return self._feed_events(events, now) + self._feed_run(run, datas, now)
+
+    def _feed_run(self, run: bytes, datas: list[bytes], now: float) -> bytes:
+        """Whole one-line `data:` events back to back: when they all are plain, the run
+        itself is what the client gets (less the token_ids keys, maybe)."""
+        self.events += len(datas)
+        tracker = self.tracker
+        plains, others = decode_plains(datas, run.isascii())
+        replaced: dict[int, bytes] = {}
+        if not others:
+            keys = tracker.observe_plains(cast("list[PlainEvent]", plains), now)
+            out = run
+        else:
+            # In stream order: the plain stretches between the others, and each other.
+            keys = 0
+            start = 0
+            for i in others:
+                keys += tracker.observe_plains(cast("list[PlainEvent]", plains[start:i]), now)
+                replaced[i] = self._general(datas[i], None, _frame(datas[i]), now)
+                start = i + 1
+            keys += tracker.observe_plains(cast("list[PlainEvent]", plains[start:]), now)
+            out = _replace(run, datas, replaced)
+        if not keys or not self._strip_ids:
+            return out
+        stripped = strip_token_ids(out, keys, prompt_nulls=self._completion)
+        if stripped is not None:
+            return stripped
+        # Not the compact shape: strip (or re-encode) event by event; all accounted above.
+        return b"".join(
+            replaced[i] if i in replaced else self._stripped(data) for i, data in enumerate(datas)
+        )
+
+    def _feed_events(self, events: list[SSEEvent], now: float) -> bytes:
+        if not events:
+            return b""
+        self.events += len(events)
+        tracker = self.tracker
+        out: list[bytes] = []
+        for sse in events:
+            data = sse.data
+            if sse.event is None:
+                plain = decode_plain(data)
+                if plain is not None:
+                    keys = tracker.observe_plains((plain,), now)
+                    strip = keys and self._strip_ids
+                    out.append(self._stripped(data, sse.raw, keys) if strip else sse.raw)
+                    continue
+            out.append(self._general(data, sse.event, sse.raw, now))
+        return b"".join(out)
+
+    def _general(self, data: bytes, name: str | None, raw: bytes, now: float) -> bytes:
+        """Any event but a plain one: `[DONE]`, or decoded, accounted and exposed."""
+        if data == _DONE:
+            self.done = True
+            return b""
+        decoded = decode_event(data)
+        self.tracker.observe(decoded, now)
+        if not self._rewrite:
+            return raw
+        verdict = apply_exposure(decoded, self._exposure)
+        if verdict is Exposed.UNCHANGED:
+            return raw
+        if verdict is Exposed.CHANGED:
+            return encode_sse_event(decoded, name)
+        return b""
+
+    def _stripped(self, data: bytes, raw: bytes | None = None, keys: int | None = None) -> bytes:
+        """A plain event (already accounted) without its ID-list keys."""
+        if raw is None:
+            raw = _frame(data)
+        if keys is None:
+            plain = decode_plain(data)
+            keys = 0 if plain is None else id_list_keys(plain)
+        stripped = strip_token_ids(raw, keys, prompt_nulls=self._completion)
+        if stripped is not None:
+            return stripped
+        decoded = decode_event(data)
+        apply_exposure(decoded, self._exposure)
+        return encode_sse_event(decoded)
+
+
+def _replace(run: bytes, datas: list[bytes], replaced: dict[int, bytes]) -> bytes:
+    """`run` with the events at the `replaced` indices swapped for their new bytes."""
+    pieces: list[bytes] = []
+    copied = 0  # the first byte of `run` not yet in `pieces`
+    at = 0  # where event `index` starts
+    index = 0
+    for i in sorted(replaced):
+        at += sum(map(len, datas[index:i])) + 8 * (i - index)  # 8: b"data: " + b"\n\n"
+        pieces.append(run[copied:at])
+        pieces.append(replaced[i])
+        at += len(datas[i]) + 8
+        copied = at
+        index = i + 1
+    pieces.append(run[copied:])
+    return b"".join(pieces)
+
+
+def _frame(data: bytes) -> bytes:
+    """A one-line `data:` event's bytes, as `split_simple` found it."""
+    return b"data: " + data + b"\n\n"
+
+
+class StreamCollector:
+    __slots__ = ("_assembler", "_decoder", "done", "events", "tracker")
+
+    def __init__(self, tracker: OutputTracker, assembler: Assembler) -> None:
+        self.tracker = tracker
+        self._assembler = assembler
+        self._decoder = SSEDecoder()
+        self.done = False
+        self.events = 0
+
+    @property
+    def pending(self) -> bool:
+        return self._decoder.pending
+
+    def feed(self, chunk: bytes, now: float) -> bytes:
+        """Take the engine's next bytes and assemble their events; nothing to write."""
+        for sse in self._decoder.feed(chunk):
+            self.events += 1
+            if sse.data == _DONE:
+                self.done = True
+                continue
+            decoded = decode_event(sse.data)
+            self.tracker.observe(decoded, now)
+            self._assembler.add(decoded)
+        return b""
