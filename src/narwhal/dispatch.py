@@ -34,13 +34,15 @@ from narwhal.config import Config
 from narwhal.engines.client import EngineClient, EngineUnavailable
 from narwhal.engines.prefill import run_prefill
 from narwhal.engines.relay import collect, relay_stream
-from narwhal.engines.stream import EngineStream, StreamItem, TruncatedStream
+from narwhal.engines.stream import EngineStream, TruncatedStream
+from narwhal.engines.upstream import UpstreamPool
 from narwhal.errors import BackendUnavailable, RouterUnavailable, TerminalExpiry, UpstreamError
 from narwhal.fleet.monitor import FleetMonitor
 from narwhal.metrics import RouterMetrics
 from narwhal.protocol.assembly import Assembler
 from narwhal.protocol.events import EngineError, EngineOutputError
 from narwhal.protocol.exposure import Exposure
+from narwhal.protocol.forward import StreamCollector, StreamForwarder
 from narwhal.protocol.requests import CompletionRequest
 from narwhal.protocol.tracker import OutputTracker
 from narwhal.protocol.upstream import supplies_token_ids, upstream_body
@@ -59,7 +61,8 @@ class Dispatcher:
         self.registry = EngineRegistry(config.engines)
         self.scheduler = Scheduler(self.registry, round_robin=config.fleet.policy == "round_robin")
         self._gate = AdmissionGate(config, metrics)
-        self._session: aiohttp.ClientSession | None = None
+        self._session: aiohttp.ClientSession | None = None  # the fleet monitor's
+        self._pool: UpstreamPool | None = None  # requests to engines
         self._clients: dict[str, EngineClient] = {}
         self.monitor: FleetMonitor | None = None
         # Set whenever capacity may have appeared (a request ended, an engine came back).
@@ -72,8 +75,9 @@ class Dispatcher:
             timeout=aiohttp.ClientTimeout(total=None, sock_connect=5),
             auto_decompress=False,
         )
+        self._pool = UpstreamPool(connect_timeout=5.0, idle_timeout=30.0)
         for engine in self._config.engines:
-            self._clients[engine.name] = EngineClient(engine, self._session)
+            self._clients[engine.name] = EngineClient(engine, self._pool)
         monitor = FleetMonitor(
             self._config.engines,
             self._config.fleet,
@@ -91,6 +95,8 @@ class Dispatcher:
             await self.monitor.close()
         if self._session is not None:
             await self._session.close()
+        if self._pool is not None:
+            await self._pool.close()
 
     def capacity_changed(self) -> None:
         """Placement may have changed (health, drain, maintenance): recompute eligibility and
@@ -254,27 +260,29 @@ class Dispatcher:
                         request_id=context.request_id,
                         authorization=authorization,
                     )
-                    stream = EngineStream(client.name, response, tracker)
+                    if request.stream:
+                        sink: StreamForwarder | StreamCollector = StreamForwarder(tracker, exposure)
+                    else:
+                        assembler = Assembler(request.route, exposure)
+                        sink = StreamCollector(tracker, assembler)
+                    stream = EngineStream(client.name, response, sink)
                     first = await _first_events(stream)
                     if plan.prefill is None:
                         phase.end_prefill()
                         self._gate.first_token(ticket)
                         phase.start_decode(decode_entry)
                     if not request.stream:
-                        assembler = Assembler(request.route, exposure)
-                        await collect(stream, first, assembler)
+                        await collect(stream)
             except TimeoutError:
                 raise self._expired_before_headers() from None
             if request.stream:
-                result = await relay_stream(
-                    http, stream, first, exposure, context.request_id, deadline
-                )
+                result = await relay_stream(http, stream, first, context.request_id, deadline)
                 if result[1] == "expired":
                     self._metrics.expired.labels("deadline_streaming").inc()
-                elif stream.done:
+                elif stream.done and not stream.at_eof():
                     # The client has everything; the end of the engine's body (usually in
                     # hand already) lets its connection go back to the pool.
-                    with contextlib.suppress(aiohttp.ClientError, OSError, TimeoutError):
+                    with contextlib.suppress(OSError, TimeoutError):
                         async with asyncio.timeout(_DRAIN_TIMEOUT_S):
                             await stream.drain()
                 return result
@@ -334,12 +342,13 @@ class _PhaseLoad:
             self._decode = None
 
 
-async def _first_events(stream: EngineStream) -> list[StreamItem]:
-    """Read until at least one event is in hand: the response status depends on it."""
-    collected: list[StreamItem] = []
-    while not collected:
-        items = await stream.read_batch()
-        if items is None:
+async def _first_events(stream: EngineStream) -> bytes:
+    """Read until at least one event is in hand (the response status depends on it);
+    the client's bytes for what was read."""
+    payload = b""
+    while not stream.events:
+        read = await stream.read()
+        if read is None:
             raise TruncatedStream(f"engine {stream.engine_name} sent no events")
-        collected = items
-    return collected
+        payload += read
+    return payload

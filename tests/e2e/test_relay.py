@@ -6,6 +6,9 @@ sections, against real processes over loopback.
 
 from __future__ import annotations
 
+import asyncio
+import json
+import socket
 from collections.abc import Iterator
 from typing import Any
 
@@ -274,3 +277,46 @@ async def test_router_metrics_after_traffic(router: NarwhalProcess) -> None:
         "narwhal_retained_requests",
     ):
         assert values[gauge] == 0
+
+
+async def test_a_client_that_stops_reading_still_gets_the_whole_stream(
+    router: NarwhalProcess,
+) -> None:
+    """Backpressure: while the client does not read, the relay stops reading from the
+    engine (instead of buffering the whole answer); once it reads again, every event
+    arrives, in order, and the stream ends with [DONE]. The stream (~6 MB) is larger than
+    what loopback's socket buffers absorb (the send side grows to 4 MB), so the router's
+    own buffer passes its high-water mark and the pause really happens."""
+    tokens = 24_000
+    body = json.dumps(chat("go", max_tokens=tokens, stream=True, ignore_eos=True)).encode()
+    host, port = router.url.removeprefix("http://").split(":")
+    reader, writer = await asyncio.open_connection(host, int(port))
+    sock = writer.get_extra_info("socket")
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 16384)
+    writer.write(
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b"Content-Length: %d\r\nConnection: close\r\n\r\n%b" % (len(body), body)
+    )
+    await writer.drain()
+    await asyncio.sleep(2.0)  # not reading: Narwhal's writes back up, it must pause
+    raw = await asyncio.wait_for(reader.read(), timeout=30)
+    writer.close()
+    head, _, chunked = raw.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200")
+    events = Reply(200, {}, _dechunk(chunked)).events()
+    assert events[-1] == "[DONE]"
+    assert sum(len(e["choices"][0]["delta"].get("content") or "") > 0 for e in events[:-1]) == (
+        tokens
+    )
+
+
+def _dechunk(data: bytes) -> bytes:
+    out = []
+    pos = 0
+    while True:
+        eol = data.index(b"\r\n", pos)
+        size = int(data[pos:eol], 16)
+        if size == 0:
+            return b"".join(out)
+        out.append(data[eol + 2 : eol + 2 + size])
+        pos = eol + 2 + size + 2

@@ -1,8 +1,9 @@
 """One HTTP client per engine: request shaping, status mapping, the upstream connection.
 
-Every engine request is a POST that asks for a stream (DESIGN.md section 4); the answer is
-either an open `aiohttp.ClientResponse` with status 200 or an exception from the tree in
-`narwhal.errors`, marked retryable when another placement could succeed:
+Every engine request is a POST that asks for a stream (DESIGN.md section 4), sent on the
+router's lean keep-alive pool (`upstream.py`); the answer is either an open
+`UpstreamResponse` with status 200 or an exception from the tree in `narwhal.errors`,
+marked retryable when another placement could succeed:
 
     InvalidRequest (400)      the engine refused the body itself (400, 413, 422): the
                               client's request is bad wherever it runs; not retried
@@ -14,16 +15,18 @@ from __future__ import annotations
 
 from typing import Any
 
-import aiohttp
 import msgspec
 
 from narwhal.config import EngineConfig
+from narwhal.engines.upstream import UpstreamPool, UpstreamResponse
 from narwhal.errors import InvalidRequest, UpstreamError
 from narwhal.protocol.events import engine_error
 from narwhal.protocol.requests import Route
 
 PATHS: dict[Route, str] = {"chat": "/v1/chat/completions", "completion": "/v1/completions"}
 _MAX_ERROR_BODY = 64 * 1024
+# A prefill answer is one token plus transfer parameters; anything near this is wrong.
+_MAX_ANSWER_BODY = 16 * 1024 * 1024
 _encoder = msgspec.json.Encoder()
 
 
@@ -32,12 +35,12 @@ class EngineUnavailable(UpstreamError):
 
 
 class EngineClient:
-    def __init__(self, engine: EngineConfig, session: aiohttp.ClientSession) -> None:
+    def __init__(self, engine: EngineConfig, pool: UpstreamPool) -> None:
         self.engine = engine
         self.name = engine.name
         self.dialect = engine.dialect
         self._base = engine.url.rstrip("/")
-        self._session = session
+        self._pool = pool
 
     async def post_json(
         self,
@@ -53,9 +56,13 @@ class EngineClient:
             if response.status != 200:
                 raise await self._status_error(response)
             try:
-                answer = msgspec.json.decode(await response.read())
-            except (aiohttp.ClientError, OSError) as e:
+                raw = await response.read(_MAX_ANSWER_BODY + 1)
+            except OSError as e:
                 raise EngineUnavailable(f"engine {self.name} answer broke: {e}") from e
+            if len(raw) > _MAX_ANSWER_BODY:
+                raise EngineUnavailable(f"engine {self.name} answered over 16 MiB")
+            try:
+                answer = msgspec.json.decode(raw)
             except msgspec.DecodeError as e:
                 raise EngineUnavailable(f"engine {self.name} answered invalid JSON: {e}") from e
             if not isinstance(answer, dict):
@@ -71,7 +78,7 @@ class EngineClient:
         *,
         request_id: str,
         authorization: str | None = None,
-    ) -> aiohttp.ClientResponse:
+    ) -> UpstreamResponse:
         """POST the body; the response once its status is 200, else a mapped error."""
         response = await self._post(route, body, request_id, authorization)
         if response.status == 200:
@@ -83,22 +90,24 @@ class EngineClient:
 
     async def _post(
         self, route: Route, body: dict[str, Any], request_id: str, authorization: str | None
-    ) -> aiohttp.ClientResponse:
+    ) -> UpstreamResponse:
         headers = {"Content-Type": "application/json", "X-Request-Id": request_id}
         if authorization:
             headers["Authorization"] = authorization
         try:
-            return await self._session.post(
-                self._base + PATHS[route], data=_encoder.encode(body), headers=headers
+            return await self._pool.request(
+                self._base, "POST", PATHS[route], headers, _encoder.encode(body)
             )
-        except (TimeoutError, aiohttp.ClientError, OSError) as e:
+        except ValueError as e:  # a header value that cannot go on the wire
+            raise InvalidRequest(f"The request cannot be forwarded: {e}") from e
+        except OSError as e:  # UpstreamConnectionError: refused, reset, timed out, malformed
             raise EngineUnavailable(f"engine {self.name} unreachable: {_describe(e)}") from e
 
-    async def _status_error(self, response: aiohttp.ClientResponse) -> Exception:
+    async def _status_error(self, response: UpstreamResponse) -> Exception:
         status = response.status
         try:
-            raw = await response.content.read(_MAX_ERROR_BODY)
-        except (aiohttp.ClientError, OSError):
+            raw = await response.read(_MAX_ERROR_BODY)
+        except OSError:
             raw = b""
         message = _error_message(raw) or response.reason or "no detail"
         if status in (400, 413, 422):

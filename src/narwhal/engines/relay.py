@@ -7,24 +7,22 @@ retried on another engine. From the first byte on, the status is 200: a failure 
 ends the stream with one OpenAI-shaped error event and no `data: [DONE]`, so no client
 mistakes a broken stream for a complete one.
 
-Exposure: the engine was asked for token IDs and usage whatever the client asked; events
-the exposure rules leave unchanged go out as the engine's own bytes, the others are
-re-encoded without the fields the client did not ask for (nothing added or renamed).
+Exposure: the engine was asked for token IDs and usage whatever the client asked; the
+stream's `StreamForwarder` (narwhal.protocol.forward) turns the engine's bytes into the
+client's, applying the exposure rules, so the relay only moves bytes.
 """
 
 from __future__ import annotations
 
 import asyncio
+from typing import Final, cast
 
 from aiohttp import web
 
 from narwhal.api.request_id import HEADER as REQUEST_ID_HEADER
 from narwhal.api.service import ClientGone
-from narwhal.engines.stream import EngineStream, StreamItem
+from narwhal.engines.stream import EngineStream, TruncatedStream
 from narwhal.errors import NarwhalError, TerminalExpiry
-from narwhal.protocol.assembly import Assembler
-from narwhal.protocol.events import encode_sse_event
-from narwhal.protocol.exposure import Exposed, Exposure, apply_exposure, needs_rewrite
 
 _DONE_EVENT = b"data: [DONE]\n\n"
 SSE_HEADERS = {
@@ -32,23 +30,6 @@ SSE_HEADERS = {
     "Cache-Control": "no-cache",
     "X-Accel-Buffering": "no",  # proxies in front must not buffer tokens
 }
-
-
-def render(items: list[StreamItem], exposure: Exposure, rewrite: bool) -> bytes:
-    """The bytes the client gets for these events; `[DONE]` is written by the relay."""
-    out: list[bytes] = []
-    for event, decoded in items:
-        if decoded is None:
-            continue
-        if not rewrite:
-            out.append(event.raw)
-        else:
-            verdict = apply_exposure(decoded, exposure)
-            if verdict is Exposed.UNCHANGED:
-                out.append(event.raw)
-            elif verdict is Exposed.CHANGED:
-                out.append(encode_sse_event(decoded, event.event))
-    return b"".join(out)
 
 
 class _SSEResponse(web.StreamResponse):
@@ -65,33 +46,37 @@ class _SSEResponse(web.StreamResponse):
 async def relay_stream(
     http: web.Request,
     stream: EngineStream,
-    first: list[StreamItem],
-    exposure: Exposure,
+    first: bytes,
     request_id: str,
     deadline: float,
 ) -> tuple[web.StreamResponse, str]:
     """Stream to the client until the end or `deadline` (loop time); return the response
     and the terminal outcome.
 
-    Every batch of events is written as soon as it is read; only the batch that holds the
-    engine's `[DONE]` goes out together with Narwhal's own `[DONE]` and the end of the
-    chunked body, in one write.
+    The first bytes go out with the headers (through aiohttp); from then on the stream
+    is pushed (`_Pump`): each engine read is forwarded from the connection's callback,
+    one write per read, with no task switch in between. Only the end goes through
+    aiohttp again: Narwhal's own `[DONE]` and the end of the chunked body in one write,
+    or one error event.
     """
-    rewrite = needs_rewrite(exposure)
     response = _SSEResponse(headers={**SSE_HEADERS, REQUEST_ID_HEADER: request_id})
     try:
         await response.prepare(http)
-        payload = render(first, exposure, rewrite)
+        payload = first
         try:
             async with asyncio.timeout_at(deadline):
-                while not stream.done:
+                ended = False  # the body ended without [DONE] (generic servers), finished
+                while not stream.done and not ended:
                     if payload:
-                        await response.write(payload)
-                    items = await stream.read_batch()
-                    if items is None:  # ended without [DONE] (generic servers), finished
+                        await response.write(payload)  # the headers leave with it
                         payload = b""
-                        break
-                    payload = render(items, exposure, rewrite)
+                        ended = await _push(http, stream)
+                    else:
+                        read = await stream.read()
+                        if read is None:
+                            ended = True
+                        else:
+                            payload = read
         except NarwhalError as error:
             await response.write_eof(error.sse_event())
             return response, error.outcome
@@ -105,12 +90,92 @@ async def relay_stream(
     return response, "completed"
 
 
-async def collect(stream: EngineStream, first: list[StreamItem], assembler: Assembler) -> None:
-    """Feed the whole engine stream to the assembler (non-streaming clients)."""
-    for item in first:
-        if item.decoded is not None:
-            assembler.add(item.decoded)
-    while (items := await stream.read_batch()) is not None:
-        for item in items:
-            if item.decoded is not None:
-                assembler.add(item.decoded)
+async def _push(http: web.Request, stream: EngineStream) -> bool:
+    """Push the stream until its `[DONE]` (False), a clean end without one (True), or
+    the client's backpressure (False, with the stream still running). Raises what failed
+    the stream (NarwhalError) or ConnectionResetError when the client is gone."""
+    transport = http.transport
+    if transport is None or transport.is_closing():
+        raise ConnectionResetError("the client closed the connection")
+    pump = _Pump(stream, transport, asyncio.get_running_loop().create_future())
+    stream.push(pump)
+    try:
+        result = await pump.finished
+    finally:
+        stream.push(None)
+    if result is _BACKPRESSURE:
+        await http.writer.drain()
+        stream.resume()
+        return False
+    if isinstance(result, BaseException):
+        raise result
+    return bool(result)
+
+
+_BACKPRESSURE: Final = "backpressure"
+# Past this many bytes waiting in the client's socket buffer, reading from the engine
+# pauses until the client catches up (aiohttp's own writes drain past 64 KiB).
+_CLIENT_HIGH_WATER: Final = 256 * 1024
+
+
+class _Pump:
+    """The push-mode consumer of one engine stream: engine bytes in, client bytes out,
+    in the engine connection's callback. Errors become the `finished` result (never
+    raised into the callback); the relay task waits on `finished`."""
+
+    __slots__ = ("_stream", "_transport", "finished")
+
+    def __init__(
+        self,
+        stream: EngineStream,
+        transport: asyncio.BaseTransport,
+        finished: asyncio.Future[object],
+    ) -> None:
+        self._stream = stream
+        self._transport = cast(asyncio.WriteTransport, transport)
+        self.finished = finished
+
+    def body_received(self, data: bytes) -> None:
+        if self.finished.done():
+            return
+        stream = self._stream
+        try:
+            out = stream.feed(data)
+        except NarwhalError as error:
+            self._finish(error)
+            return
+        transport = self._transport
+        if out:
+            if transport.is_closing():
+                self._finish(ConnectionResetError("the client closed the connection"))
+                return
+            # One chunk of the client's chunked body (aiohttp framed the ones before).
+            transport.write(b"%x\r\n%b\r\n" % (len(out), out))
+        if stream.done:
+            self._finish(False)
+        elif transport.get_write_buffer_size() > _CLIENT_HIGH_WATER:
+            stream.pause()
+            self._finish(_BACKPRESSURE)
+
+    def body_ended(self, error: str | None) -> None:
+        if self.finished.done():
+            return
+        stream = self._stream
+        if error is not None:
+            self._finish(TruncatedStream(f"engine {stream.engine_name} stream broke: {error}"))
+        elif not stream.done and not stream.tracker.finished:
+            self._finish(
+                TruncatedStream(f"engine {stream.engine_name} stream ended before output did")
+            )
+        else:
+            self._finish(True)
+
+    def _finish(self, result: object) -> None:
+        self._stream.push(None)
+        self.finished.set_result(result)
+
+
+async def collect(stream: EngineStream) -> None:
+    """Read the whole engine stream into its collector (non-streaming clients)."""
+    while await stream.read() is not None:
+        pass

@@ -1,30 +1,19 @@
-"""Reading one engine stream: bytes from the socket, decoded and validated events out.
+"""Reading one engine stream: bytes from the socket into the attempt's event sink.
 
-`EngineStream.read_batch()` returns the events of one socket read together, so the
-relay can write them to the client in one write (coalescing without delaying a token:
-nothing waits for more bytes than the engine already sent).
+`EngineStream.read()` hands everything one socket read brought to the sink (a
+`StreamForwarder` for streaming clients, a `StreamCollector` for non-streaming ones) and
+returns what the client gets for it, so the relay writes the events of one read in one
+write (coalescing without delaying a token: nothing waits for more bytes than the engine
+already sent).
 """
 
 from __future__ import annotations
 
 import time
-from typing import Any, NamedTuple
 
-import aiohttp
-
+from narwhal.engines.upstream import BodyConsumer, UpstreamResponse
 from narwhal.errors import UpstreamError
-from narwhal.protocol.events import decode_event
-from narwhal.protocol.sse import SSEDecoder, SSEEvent
-from narwhal.protocol.tracker import OutputTracker
-
-_DONE = b"[DONE]"
-
-
-class StreamItem(NamedTuple):
-    """One engine event: as received, and decoded."""
-
-    sse: SSEEvent
-    decoded: dict[str, Any] | None  # None for [DONE]
+from narwhal.protocol.forward import StreamCollector, StreamForwarder
 
 
 class TruncatedStream(UpstreamError):
@@ -35,19 +24,27 @@ class EngineStream:
     def __init__(
         self,
         engine_name: str,
-        response: aiohttp.ClientResponse,
-        tracker: OutputTracker,
+        response: UpstreamResponse,
+        sink: StreamForwarder | StreamCollector,
     ) -> None:
         self.engine_name = engine_name
-        self.tracker = tracker
-        self.done = False  # `data: [DONE]` seen
+        self.sink = sink
+        self.tracker = sink.tracker
         self._response = response
-        self._content = response.content
-        self._decoder = SSEDecoder()
         self._eof = False
 
-    async def read_batch(self) -> list[StreamItem] | None:
-        """The next events (maybe none), or None at the end of the stream.
+    @property
+    def done(self) -> bool:
+        """The engine's `data: [DONE]` came."""
+        return self.sink.done
+
+    @property
+    def events(self) -> int:
+        """Events seen so far ([DONE] included)."""
+        return self.sink.events
+
+    async def read(self) -> bytes | None:
+        """The client's bytes for the engine's next read (maybe b""), or None at the end.
 
         Raises UpstreamError when an event fails the attempt and TruncatedStream when the
         stream ends before output finished (or the connection drops).
@@ -55,40 +52,46 @@ class EngineStream:
         if self._eof:
             return None
         try:
-            chunk = await self._content.readany()
-        except (aiohttp.ClientError, OSError) as e:
+            chunk = await self._response.read_chunk()
+        except OSError as e:  # UpstreamConnectionError: reset, closed mid-body, malformed
             raise TruncatedStream(f"engine {self.engine_name} stream broke: {e}") from e
         if not chunk:
             self._eof = True
-            self._decoder.close()
-            if not self.done and not self.tracker.finished:
+            if not self.sink.done and not self.tracker.finished:
                 raise TruncatedStream(f"engine {self.engine_name} stream ended before output did")
             return None
-        now = time.monotonic()
-        tracker = self.tracker
-        items: list[StreamItem] = []
-        for event in self._decoder.feed(chunk):
-            data = event.data
-            if data == _DONE:
-                self.done = True
-                items.append(StreamItem(event, None))
-                continue
-            decoded = decode_event(data)
-            tracker.observe(decoded, now)
-            items.append(StreamItem(event, decoded))
-        return items
+        return self.sink.feed(chunk, time.monotonic())
+
+    def feed(self, data: bytes) -> bytes:
+        """Push mode (`push`): the client's bytes for body bytes the consumer was given."""
+        return self.sink.feed(data, time.monotonic())
+
+    def push(self, consumer: BodyConsumer | None) -> None:
+        """Hand the body to `consumer` as it arrives (see `UpstreamResponse.stream_to`);
+        None: back to `read`."""
+        self._response.stream_to(consumer)
+
+    def pause(self) -> None:
+        self._response.pause()
+
+    def resume(self) -> None:
+        self._response.resume()
+
+    def at_eof(self) -> bool:
+        """The engine's body is complete and all of it was read."""
+        return self._eof or self._response.at_eof()
 
     async def drain(self) -> None:
         """After `[DONE]`: read the end of the body, so the connection can be reused."""
-        while not self._eof and not self._content.at_eof():
-            if not await self._content.readany():
+        while not self._eof and not self._response.at_eof():
+            if not await self._response.read_chunk():
                 break
         self._eof = True
 
     def close(self) -> None:
         """Release the upstream connection; an unfinished stream closes it, so the engine
         sees the disconnect and stops generating."""
-        if (self._eof or self._content.at_eof()) and self.done:
+        if (self._eof or self._response.at_eof()) and self.sink.done:
             self._response.release()
         else:
             self._response.close()

@@ -44,7 +44,7 @@ import ssl
 import urllib.parse
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Final, cast
+from typing import Final, Protocol, cast
 
 from narwhal.protocol.http1 import HTTPProtocolError, ResponseParser
 
@@ -53,6 +53,17 @@ _HIGH_WATER: Final = 1 << 20
 _TOKEN: Final = re.compile(r"[-!#$%&'*+.^_`|~0-9A-Za-z]+")
 _TARGET: Final = re.compile(r"/[!-~]*")  # origin-form: visible ASCII, no spaces
 _SET_BY_CLIENT: Final = frozenset({"host", "content-length", "transfer-encoding"})
+
+
+class BodyConsumer(Protocol):
+    """Push mode (`UpstreamResponse.stream_to`): the body as it arrives, from the
+    connection's own callback, without a task switch per read."""
+
+    def body_received(self, data: bytes) -> None:
+        """Body bytes (never empty). Must not raise: a consumer keeps its own errors."""
+
+    def body_ended(self, error: str | None) -> None:
+        """The body is complete (None), or the connection failed (why)."""
 
 
 class UpstreamConnectionError(OSError):
@@ -223,6 +234,7 @@ class _Connection(asyncio.Protocol):
         self._idle_timer: asyncio.TimerHandle | None = None
         self._unread = 0  # bytes received since the consumer last took the body
         self._paused = False
+        self.consumer: BodyConsumer | None = None  # push mode, see UpstreamResponse
 
     # -- asyncio.Protocol --------------------------------------------------------------
 
@@ -245,6 +257,15 @@ class _Connection(asyncio.Protocol):
             parser.feed(data)
         except HTTPProtocolError as e:
             self.abort(f"{self.origin.label} sent a malformed response: {e}")
+            return
+        consumer = self.consumer
+        if consumer is not None:
+            body = parser.take_body()
+            if body:
+                consumer.body_received(body)
+            if parser.body_done and self.consumer is consumer:
+                self.consumer = None
+                consumer.body_ended(None)
             return
         self._unread += len(data)
         if self._unread > _HIGH_WATER and not self._paused:
@@ -271,6 +292,11 @@ class _Connection(asyncio.Protocol):
                 except HTTPProtocolError:
                     self.error = f"{label} closed the connection mid-body{detail}"
         self._wake()
+        consumer = self.consumer
+        if consumer is not None:
+            self.consumer = None
+            done = parser is not None and parser.body_done and self.error is None
+            consumer.body_ended(None if done else self.error or "the connection closed")
         if not self.lost.done():
             self.lost.set_result(None)
 
@@ -292,6 +318,13 @@ class _Connection(asyncio.Protocol):
             await waiter
         finally:
             self._waiter = None
+
+    def pause(self) -> None:
+        """Stop reading until `body_taken` (the consumer's own backpressure)."""
+        if not self._paused:
+            self._paused = True
+            if not self.closed:
+                cast(asyncio.Transport, self._transport).pause_reading()
 
     def body_taken(self) -> None:
         self._unread = 0
@@ -410,6 +443,45 @@ class UpstreamResponse:
             return False
         self._rest += self._parser.take_body()
         return not self._rest
+
+    def stream_to(self, consumer: BodyConsumer | None) -> None:
+        """Push mode: from now on every body byte goes to `consumer.body_received` from
+        the connection's callback as it arrives, then `consumer.body_ended` once; bytes
+        already buffered go first, now. None returns to pulling with `read_chunk`.
+
+        A consumer that cannot keep up calls `pause()`; the next `read_chunk` (or
+        `resume()`) reads on."""
+        connection = self._connection
+        if consumer is None:
+            if connection is not None:
+                connection.consumer = None
+            return
+        if connection is None:
+            consumer.body_ended("the response was closed")
+            return
+        connection.consumer = consumer
+        pending = self._rest + self._parser.take_body()
+        self._rest = b""
+        if pending:
+            connection.body_taken()
+            consumer.body_received(pending)
+        if connection.consumer is not consumer:
+            return  # it detached itself
+        if self._parser.body_done:
+            connection.consumer = None
+            consumer.body_ended(None)
+        elif connection.error is not None or connection.closed:
+            connection.consumer = None
+            consumer.body_ended(connection.error or "the connection closed")
+
+    def pause(self) -> None:
+        """Stop reading from the engine (backpressure) until `resume` or `read_chunk`."""
+        if self._connection is not None:
+            self._connection.pause()
+
+    def resume(self) -> None:
+        if self._connection is not None:
+            self._connection.body_taken()
 
     def release(self) -> None:
         """Done with the response: its connection returns to the pool if the body is
