@@ -268,14 +268,33 @@ class ResponseParser:
                 pending += data
                 return
             buf = b"".join((pending, data))
+            self._buf = _NOTHING  # all of it is in `buf` now
         else:
             buf = data
-            if self._state == _CHUNK_SIZE:
-                buf = self._split_chunks(buf)
-                if not buf:
-                    return
+        if pending or self._state != _CHUNK_SIZE:
+            # A read that starts inside a chunk: the loop finishes that chunk, and the
+            # fast path takes the rest (reads split anywhere cost no more than whole ones).
+            self._pos = 0
+            self._parse_chunked(buf, to_boundary=True)
+            pos = self._pos
+            if self._state != _CHUNK_SIZE or pos >= len(buf) or self._buf_line(buf, pos):
+                self._keep_rest(buf)
+                return
+            buf = buf[pos:]
+            self._scan = 0
+        buf = self._split_chunks(buf)
+        if not buf:
+            return
         self._pos = 0
         self._parse_chunked(buf)
+        self._keep_rest(buf)
+
+    def _buf_line(self, buf: bytes, pos: int) -> bool:
+        """The loop stopped inside a size line (not at a chunk boundary)."""
+        return self._scan > pos
+
+    def _keep_rest(self, buf: bytes) -> None:
+        """After `_parse_chunked(buf)`: keep the unparsed tail for the next read."""
         pos = self._pos
         if self._state == _DONE:
             if pos < len(buf):
@@ -326,7 +345,9 @@ class ResponseParser:
         self._pieces.extend(datas)
         return rest
 
-    def _parse_chunked(self, buf: bytes) -> None:
+    def _parse_chunked(self, buf: bytes, *, to_boundary: bool = False) -> None:
+        """The exact chunked loop; with `to_boundary`, it stops at the first chunk
+        boundary it reaches (the start of the next size line)."""
         # Locals, not attributes, inside the loop: this is the per-chunk hot path.
         n = len(buf)
         pos = self._pos
@@ -360,6 +381,8 @@ class ResponseParser:
                         raise HTTPProtocolError("chunk data not followed by CRLF")
                     append(buf[pos:end])
                     pos = scan = end + 2
+                    if to_boundary:
+                        break
                     continue
                 if pos < n:
                     append(buf[pos:end])
@@ -390,6 +413,8 @@ class ResponseParser:
                     raise HTTPProtocolError("chunk data not followed by CRLF")
                 pos = scan = pos + 2
                 state = _CHUNK_SIZE
+                if to_boundary:
+                    break
             else:  # _TRAILERS
                 eol = find(_CRLF, scan)
                 if eol < 0:
