@@ -1044,3 +1044,40 @@ def test_an_event_nested_too_deeply_fails_the_attempt(sink: str) -> None:
     )
     with pytest.raises(EngineOutputError):
         target.feed(deep, 0.0)
+
+
+def test_single_takes_exactly_one_whole_data_event() -> None:
+    decoder = SSEDecoder()
+    assert decoder.single(b"data: {}\n\n") is None  # the stream's first bytes: BOM check
+    assert [e.data for e in decoder.feed(b"data: {}\n\n")] == [b"{}"]
+    assert decoder.single(b'data: {"a":1}\n\n') == b'{"a":1}'
+    for other in (
+        b"data: 1\n\ndata: 2\n\n",  # two events
+        b"data: 1\n",  # unfinished
+        b"data: 1\r\n\r\n",  # CR line ends
+        b": keep-alive\n\n",  # a comment
+        b"event: x\ndata: 1\n\n",  # a named event
+        b"data:1\n\n",  # no space after the colon
+        b"data: 1\ndata: 2\n\n",  # two data lines
+    ):
+        assert decoder.single(other) is None, other
+    assert decoder.feed(b"data: 3") == []
+    assert decoder.single(b"data: 4\n\n") is None  # an event is pending
+    assert [e.data for e in decoder.feed(b"\n\n")] == [b"3"]
+
+
+def test_forwarder_single_event_reads_equal_whole_stream_reads() -> None:
+    """A live stream arrives an event per read: the single-event path must give the same
+    client bytes and accounting as reading the whole stream at once."""
+    for stream in (VLLM_CHAT, VLLM_COMPLETION):
+        for exposure in (NOTHING, EVERYTHING):
+            raw = stream.body
+            blocks = [b + b"\n\n" for b in raw.split(b"\n\n") if b]
+            route = stream.route
+            whole = StreamForwarder(OutputTracker(route, token_ids=True), exposure)
+            expected = whole.feed(raw, 1.0)
+            one_by_one = StreamForwarder(OutputTracker(route, token_ids=True), exposure)
+            got = b"".join(one_by_one.feed(block, 1.0) for block in blocks)
+            assert got == expected
+            assert one_by_one.tracker.tokens == whole.tracker.tokens
+            assert one_by_one.done and one_by_one.events == whole.events

@@ -68,6 +68,14 @@ class StreamForwarder:
 
         Raises UpstreamError when an event fails the attempt.
         """
+        data = self._decoder.single(chunk)
+        if data is not None:
+            self.events += 1
+            plain = decode_plain(data)
+            if plain is None:
+                return self._general(data, None, chunk, now)
+            keys = self.tracker.observe_plains((plain,), now)
+            return self._stripped(data, chunk, keys) if keys and self._strip_ids else chunk
         events, run, datas = self._decoder.feed_run(chunk)
         if not datas:
             return self._feed_events(events, now)

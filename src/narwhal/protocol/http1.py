@@ -318,6 +318,13 @@ class ResponseParser:
         by chunk. Data with a CRLF of its own makes a piece too short, and the loop
         parses it. A zero size is taken only as the very end (`0`, blank line).
         """
+        eol = buf.find(_CRLF)
+        size = _SIZES.get(buf[:eol])
+        if size and eol + size + 4 == len(buf) and buf.endswith(_CRLF):
+            # Exactly one whole chunk, a live stream's usual read: its size line, then
+            # `size` bytes, then the CRLF that ends the read.
+            self._pieces.append(buf[eol + 2 : -2])
+            return _NOTHING
         parts = buf.split(_CRLF)
         rest = parts.pop()  # after the last CRLF: the start of a line still arriving
         if len(parts) % 2:

@@ -114,6 +114,21 @@ class SSEDecoder:
             work = chunk
         return self._parse(work)
 
+    def single(self, chunk: bytes) -> bytes | None:
+        """The data of `chunk` when it is exactly one whole one-line `data: …` event
+        ended by a blank LF line and nothing is pending (a live stream's usual read);
+        else None, and nothing is consumed."""
+        if self._buf or self._bom is not None or self._skip_lf:
+            return None
+        if (
+            chunk.startswith(b"data: ")
+            and chunk.find(b"\n") == len(chunk) - 2
+            and chunk.endswith(b"\n\n")
+            and chunk.find(b"\r") == -1
+        ):
+            return chunk[6:-2]
+        return None
+
     def feed_run(self, chunk: bytes) -> tuple[list[SSEEvent], bytes, list[bytes]]:
         """`feed`, with a fast path for vLLM's shape: returns `(events, run, datas)`.
 
