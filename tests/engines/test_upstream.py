@@ -12,7 +12,7 @@ import contextlib
 import re
 import socket
 import struct
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
 import uvloop
@@ -602,15 +602,6 @@ async def test_pool_close_closes_idle_and_busy_connections(
 
 
 # -- Connecting ----------------------------------------------------------------------------
-
-
-@pytest.fixture
-def closed_port() -> Iterator[int]:
-    """A loopback port with nothing listening on it (connections are refused)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    yield port
 
 
 async def test_connection_refused(pool: UpstreamPool, closed_port: int) -> None:

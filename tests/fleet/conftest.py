@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import random
-import socket
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 
 import aiohttp
 import pytest
@@ -44,15 +43,6 @@ async def make_engine() -> AsyncIterator[Callable[[], FakeEngine]]:
 async def session() -> AsyncIterator[aiohttp.ClientSession]:
     async with aiohttp.ClientSession() as s:
         yield s
-
-
-@pytest.fixture
-def closed_port() -> Iterator[int]:
-    """A loopback port with nothing listening on it (connections are refused)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    yield port
 
 
 @pytest.fixture
