@@ -15,6 +15,7 @@ client's, applying the exposure rules, so the relay only moves bytes.
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import Final, cast
 
 from aiohttp import web
@@ -24,6 +25,7 @@ from narwhal.api.service import ClientGone
 from narwhal.engines.stream import EngineStream, TruncatedStream
 from narwhal.errors import NarwhalError, TerminalExpiry
 
+log = logging.getLogger(__name__)
 _DONE_EVENT = b"data: [DONE]\n\n"
 SSE_HEADERS = {
     "Content-Type": "text/event-stream",
@@ -143,6 +145,12 @@ class _Pump:
             out = stream.feed(data)
         except NarwhalError as error:
             self._finish(error)
+            return
+        except Exception:
+            # A bug, not an engine condition. Raised into the connection's callback it
+            # would leave the relay waiting until the deadline: end the stream instead.
+            log.exception("relaying engine %s's stream failed", stream.engine_name)
+            self._finish(NarwhalError("Internal router error while relaying the stream."))
             return
         transport = self._transport
         if out:
