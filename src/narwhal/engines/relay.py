@@ -171,10 +171,11 @@ class _Pump:
         stream = self._stream
         if error is not None:
             self._finish(TruncatedStream(f"engine {stream.engine_name} stream broke: {error}"))
-        elif not stream.done and not stream.tracker.finished:
-            self._finish(
-                TruncatedStream(f"engine {stream.engine_name} stream ended before output did")
-            )
+            return
+        try:
+            stream.check_ended()
+        except TruncatedStream as truncated:
+            self._finish(truncated)
         else:
             self._finish(True)
 

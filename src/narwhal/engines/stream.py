@@ -57,10 +57,15 @@ class EngineStream:
             raise TruncatedStream(f"engine {self.engine_name} stream broke: {e}") from e
         if not chunk:
             self._eof = True
-            if not self.sink.done and not self.tracker.finished:
-                raise TruncatedStream(f"engine {self.engine_name} stream ended before output did")
+            self.check_ended()
             return None
         return self.sink.feed(chunk, time.monotonic())
+
+    def check_ended(self) -> None:
+        """The engine's body ended: raise TruncatedStream unless output finished (its
+        `[DONE]` came, or every choice has its finish_reason: generic servers)."""
+        if not self.sink.done and not self.tracker.finished:
+            raise TruncatedStream(f"engine {self.engine_name} stream ended before output did")
 
     def feed(self, data: bytes) -> bytes:
         """Push mode (`push`): the client's bytes for body bytes the consumer was given."""

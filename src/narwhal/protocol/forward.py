@@ -71,11 +71,7 @@ class StreamForwarder:
         data = self._decoder.single(chunk)
         if data is not None:
             self.events += 1
-            plain = decode_plain(data)
-            if plain is None:
-                return self._general(data, None, chunk, now)
-            keys = self.tracker.observe_plains((plain,), now)
-            return self._stripped(data, chunk, keys) if keys and self._strip_ids else chunk
+            return self._one(data, None, chunk, now)
         events, run, datas = self._decoder.feed_run(chunk)
         if not datas:
             return self._feed_events(events, now)
@@ -117,19 +113,16 @@ class StreamForwarder:
         if not events:
             return b""
         self.events += len(events)
-        tracker = self.tracker
-        out: list[bytes] = []
-        for sse in events:
-            data = sse.data
-            if sse.event is None:
-                plain = decode_plain(data)
-                if plain is not None:
-                    keys = tracker.observe_plains((plain,), now)
-                    strip = keys and self._strip_ids
-                    out.append(self._stripped(data, sse.raw, keys) if strip else sse.raw)
-                    continue
-            out.append(self._general(data, sse.event, sse.raw, now))
-        return b"".join(out)
+        return b"".join([self._one(sse.data, sse.event, sse.raw, now) for sse in events])
+
+    def _one(self, data: bytes, name: str | None, raw: bytes, now: float) -> bytes:
+        """One event (`raw` its bytes as received): plain if it is, else general."""
+        if name is None:
+            plain = decode_plain(data)
+            if plain is not None:
+                keys = self.tracker.observe_plains((plain,), now)
+                return self._stripped(data, raw, keys) if keys and self._strip_ids else raw
+        return self._general(data, name, raw, now)
 
     def _general(self, data: bytes, name: str | None, raw: bytes, now: float) -> bytes:
         """Any event but a plain one: `[DONE]`, or decoded, accounted and exposed."""
