@@ -193,12 +193,23 @@ class StreamCollector:
 
     def feed(self, chunk: bytes, now: float) -> bytes:
         """Take the engine's next bytes and assemble their events; nothing to write."""
-        for sse in self._decoder.feed(chunk):
-            self.events += 1
-            if sse.data == _DONE:
-                self.done = True
-                continue
-            decoded = decode_event(sse.data)
-            self.tracker.observe(decoded, now)
-            self._assembler.add(decoded)
+        decoder = self._decoder
+        data = decoder.single(chunk)
+        if data is not None:
+            self._add(data, now)
+            return b""
+        events, _, datas = decoder.feed_run(chunk)
+        for sse in events:
+            self._add(sse.data, now)
+        for data in datas:
+            self._add(data, now)
         return b""
+
+    def _add(self, data: bytes, now: float) -> None:
+        self.events += 1
+        if data == _DONE:
+            self.done = True
+            return
+        decoded = decode_event(data)
+        self.tracker.observe(decoded, now)
+        self._assembler.add(decoded)
