@@ -60,6 +60,10 @@ _BROKEN: Final = 8  # an error was raised: every later call raises it again
 
 _STATUS_LINE: Final = re.compile(rb"HTTP/1\.([0-9]) ([0-9]{3})(?: ([^\r\n\x00]*))?")
 _TOKEN: Final = re.compile(rb"[-!#$%&'*+.^_`|~0-9A-Za-z]+")
+# One header line, whole, then its name and its value after the optional whitespace (the
+# value's trailing whitespace is stripped after): what `_field` reads, with no CR, LF or
+# NUL in the value.
+_HEADER_LINE: Final = re.compile(rb"(([-!#$%&'*+.^_`|~0-9A-Za-z]+):[ \t]*([^\r\n\x00]*)\r\n)")
 _MAX_LENGTH_DIGITS: Final = 18  # past int64; also keeps `int()` off its digit limit
 # A chunk-size line (with its extensions) or one trailer line may not be longer; like
 # aiohttp's 8190-byte line limit, this bounds what one unfinished line can hold.
@@ -207,17 +211,27 @@ class ResponseParser:
         return rest
 
     def _head(self, head: bytes) -> None:
-        lines = head.split(_CRLF)
-        match = _STATUS_LINE.fullmatch(lines[0])
+        status_line, crlf, block = head.partition(_CRLF)
+        match = _STATUS_LINE.fullmatch(status_line)
         if match is None:
-            raise HTTPProtocolError(f"invalid status line {lines[0][:200]!r}")
+            raise HTTPProtocolError(f"invalid status line {status_line[:200]!r}")
         minor, code, reason = match.groups()
         status = int(code)
         headers: dict[str, str] = {}
-        for line in lines[1:]:
-            name, value = _field(line)
-            previous = headers.get(name)
-            headers[name] = value if previous is None else f"{previous}, {value}"
+        if crlf:
+            block += _CRLF
+            lines = _HEADER_LINE.findall(block)
+            if sum(len(line) for line, _, _ in lines) == len(block):
+                # Every line is a valid field: one C pass took them all.
+                fields = [
+                    (name.decode("ascii").lower(), value.rstrip(b" \t").decode("latin-1"))
+                    for _, name, value in lines
+                ]
+            else:
+                fields = [_field(line) for line in block[:-2].split(_CRLF)]  # names the error
+            for name, value in fields:
+                previous = headers.get(name)
+                headers[name] = value if previous is None else f"{previous}, {value}"
         if status < 200:
             if status == 101:
                 raise HTTPProtocolError("101 Switching Protocols, but no upgrade was asked for")
