@@ -335,6 +335,7 @@ class _Connection(asyncio.Protocol):
 
     def release(self) -> None:
         """The response is done with: back to the pool if reusable, else closed."""
+        self.consumer = None  # a push consumer never outlives its response
         parser = self.parser
         if parser is None or not parser.body_done or self.error is not None or self.closed:
             self.abort("the response was released before its body was complete")
