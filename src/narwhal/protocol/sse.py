@@ -167,18 +167,19 @@ class SSEDecoder:
         if last == 1:
             return events + self.feed(rest), b"", []
         run = rest[:last]
-        blocks = run.split(b"\n\n")
-        blocks.pop()  # the empty tail after the last blank line
-        if run.count(b"\n") != 2 * len(blocks):
+        if not run.startswith(b"data: "):
             return events + self.feed(rest), b"", []
-        for block in blocks:
-            if not block.startswith(b"data: "):
-                return events + self.feed(rest), b"", []
+        # Cut at every blank line followed by `data: `: when the run holds exactly the
+        # newlines of that many one-line events, there is no other line anywhere, so every
+        # piece is one event's data and every block started with `data: `.
+        datas = run[6:-2].split(b"\n\ndata: ")
+        if run.count(b"\n") != 2 * len(datas):
+            return events + self.feed(rest), b"", []
         if last < len(rest):
             # No blank line in the tail (the run took the last one) and it cannot start
             # with LF (then the run would end in three), so this only buffers it.
             self.feed(rest[last:])
-        return events, run, [block[6:] for block in blocks]
+        return events, run, datas
 
     def close(self) -> list[SSEEvent]:
         """End of stream. An unterminated event is discarded, as the SSE rules say; check
