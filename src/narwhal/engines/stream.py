@@ -96,7 +96,7 @@ class EngineStream:
     def close(self) -> None:
         """Release the upstream connection; an unfinished stream closes it, so the engine
         sees the disconnect and stops generating."""
-        if (self._eof or self._response.at_eof()) and self.sink.done:
+        if self.at_eof() and self.sink.done:
             self._response.release()
         else:
             self._response.close()

@@ -105,9 +105,13 @@ class StreamForwarder:
         if stripped is not None:
             return stripped
         # Not the compact shape: strip (or re-encode) event by event; all accounted above.
-        return b"".join(
-            replaced[i] if i in replaced else self._stripped(data) for i, data in enumerate(datas)
-        )
+        pieces: list[bytes] = []
+        for i, (data, plain) in enumerate(zip(datas, plains, strict=True)):
+            if plain is None:  # one of the others: already exposed
+                pieces.append(replaced[i])
+            else:
+                pieces.append(self._stripped(data, _frame(data), id_list_keys(plain)))
+        return b"".join(pieces)
 
     def _feed_events(self, events: list[SSEEvent], now: float) -> bytes:
         if not events:
@@ -140,13 +144,8 @@ class StreamForwarder:
             return encode_sse_event(decoded, name)
         return b""
 
-    def _stripped(self, data: bytes, raw: bytes | None = None, keys: int | None = None) -> bytes:
-        """A plain event (already accounted) without its ID-list keys."""
-        if raw is None:
-            raw = _frame(data)
-        if keys is None:
-            plain = decode_plain(data)
-            keys = 0 if plain is None else id_list_keys(plain)
+    def _stripped(self, data: bytes, raw: bytes, keys: int) -> bytes:
+        """A plain event (already accounted, `keys` its ID-list keys) without them."""
         stripped = strip_token_ids(raw, keys, prompt_nulls=self._completion)
         if stripped is not None:
             return stripped
@@ -173,7 +172,7 @@ def _replace(run: bytes, datas: list[bytes], replaced: dict[int, bytes]) -> byte
 
 
 def _frame(data: bytes) -> bytes:
-    """A one-line `data:` event's bytes, as `split_simple` found it."""
+    """A one-line `data:` event's bytes, as `SSEDecoder.feed_run` found it."""
     return b"data: " + data + b"\n\n"
 
 

@@ -291,7 +291,8 @@ class ResponseParser:
             self._pos = 0
             self._parse_chunked(buf, to_boundary=True)
             pos = self._pos
-            if self._state != _CHUNK_SIZE or pos >= len(buf) or self._buf_line(buf, pos):
+            # (A scan position past `pos` means it stopped inside a size line.)
+            if self._state != _CHUNK_SIZE or pos >= len(buf) or self._scan > pos:
                 self._keep_rest(buf)
                 return
             buf = buf[pos:]
@@ -302,10 +303,6 @@ class ResponseParser:
         self._pos = 0
         self._parse_chunked(buf)
         self._keep_rest(buf)
-
-    def _buf_line(self, buf: bytes, pos: int) -> bool:
-        """The loop stopped inside a size line (not at a chunk boundary)."""
-        return self._scan > pos
 
     def _keep_rest(self, buf: bytes) -> None:
         """After `_parse_chunked(buf)`: keep the unparsed tail for the next read."""
