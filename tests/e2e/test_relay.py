@@ -63,9 +63,6 @@ def strip_unrequested(event: dict[str, Any]) -> dict[str, Any]:
     ]
     event.pop("id", None)
     event.pop("created", None)
-    # vLLM puts system_fingerprint on the usage chunk when one is sent, else on the last
-    # chunk; Narwhal always asks for usage and drops the chunk for clients that did not.
-    event.pop("system_fingerprint", None)
     return event
 
 
@@ -83,6 +80,9 @@ async def test_stream_is_the_engines_stream(
     assert [strip_unrequested(e) for e in data_events(relayed)] == [
         strip_unrequested(e) for e in data_events(direct)
     ]
+    # Narwhal asked for the usage chunk the sim (as vLLM 0.33) then puts the fingerprint
+    # on; this client did not, so it is where the engine would have put it: the last chunk.
+    assert data_events(relayed)[-1]["system_fingerprint"] == "vllm-0.33.0-narwhal-sim"
     for event in data_events(relayed):
         assert "prompt_token_ids" not in event
         for choice in event["choices"]:

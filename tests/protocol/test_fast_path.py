@@ -2,7 +2,8 @@
 
 The general path: `SSEDecoder.feed`, then per event `events.decode_event`,
 `OutputTracker.observe` and `exposure.apply_exposure` (UNCHANGED: the event's raw bytes;
-CHANGED: `encode_sse_event(decoded, name)`; DROPPED: nothing), `[DONE]` never forwarded.
+CHANGED: `encode_sse_event(decoded, name)`; DROPPED: nothing, though a dropped usage-only
+chunk's system_fingerprint goes onto the last chunk sent), `[DONE]` never forwarded.
 
 The fast path (`SSEDecoder.feed_run`, `plain.decode_plain`, `OutputTracker.observe_plains`,
 `plain.strip_token_ids`, put together by `StreamForwarder`) must be indistinguishable
@@ -663,6 +664,8 @@ def vllm_streams(draw: st.DrawFn) -> EngineStream:
         total = sum(generated)
         usage = {"prompt_tokens": 3, "completion_tokens": total, "total_tokens": 3 + total}
         events.append({**head, "choices": [], "usage": usage})
+        if draw(st.booleans()):  # vLLM 0.33 moves it here from the last chunk
+            events[-1]["system_fingerprint"] = "vllm-0.33.0-x"
 
     end = draw(st.sampled_from([b"\n"] * 4 + [b"\r\n"]))
     keep_alive = draw(st.integers(0, 3)) == 0
@@ -726,11 +729,18 @@ def reference(
                 tracker.observe(decoded, float(now))
             except UpstreamError as exc:
                 return Outcome((type(exc), now), [], done, count, True, ()), b""
+            usage_only = "usage" in decoded and not decoded.get("choices")
             verdict = apply_exposure(decoded, exposure)
             if verdict is Exposed.UNCHANGED:
                 out.append(sse.raw)
             elif verdict is Exposed.CHANGED:
                 out.append(encode_sse(decoded, sse.event))
+            elif usage_only and "system_fingerprint" in decoded and out:
+                # Dropped for this client: its fingerprint goes on the last chunk sent.
+                (last,) = SSEDecoder().feed(out[-1])
+                chunk = msgspec.json.decode(last.data)
+                chunk.setdefault("system_fingerprint", decoded["system_fingerprint"])
+                out[-1] = encode_sse(chunk, last.event)
     written = b"".join(out)
     outcome = Outcome(None, client_events(written), done, count, decoder.pending, snapshot(tracker))
     return outcome, written
@@ -746,6 +756,7 @@ def forward(
             out.append(forwarder.feed(chunk, float(now)))
         except UpstreamError as exc:
             return Outcome((type(exc), now), [], False, 0, True, ()), b""
+    out.append(forwarder.flush())  # as the relay does at the end
     written = b"".join(out)
     outcome = Outcome(
         None,
@@ -870,6 +881,54 @@ def test_forwarder_keeps_stream_order_within_a_read() -> None:
             expected, _ = reference(chunks, "chat", True, exposure)
             got, _ = forward(chunks, "chat", True, exposure)
             got.same_as(expected)
+
+
+FINISHING = (
+    b'{"choices":[{"index":0,"delta":{"content":"!"},"finish_reason":"stop","token_ids":[9]}]}'
+)
+USAGE_ONLY = (
+    b'{"choices":[],"usage":{"prompt_tokens":1,"completion_tokens":2,"total_tokens":3},'
+    b'"system_fingerprint":"vllm-0.33.0-x"}'
+)
+RUNNING = b'{"choices":[{"index":0,"delta":{"content":"a"},"token_ids":[1]}]}'
+
+
+def test_the_fingerprint_goes_back_on_the_last_chunk_for_clients_without_usage() -> None:
+    """vLLM 0.33 moves system_fingerprint from its last chunk to the usage-only chunk
+    when it sends one (PROTOCOL.md §2.2): a client that did not ask for usage gets it on
+    the last chunk, as from the engine directly, whichever read the usage chunk is in."""
+    forwarder = StreamForwarder(OutputTracker("chat", token_ids=True), NOTHING)
+    assert forwarder.feed(frame(RUNNING), 0.0)  # output still running: nothing held
+    assert forwarder.feed(frame(FINISHING), 1.0) == b""  # held for what may follow
+    written = forwarder.feed(frame(USAGE_ONLY) + DONE_BLOCK, 2.0)
+    assert written == (
+        b'data: {"choices":[{"index":0,"delta":{"content":"!"},"finish_reason":"stop"}],'
+        b'"system_fingerprint":"vllm-0.33.0-x"}\n\n'
+    )
+    assert forwarder.done and forwarder.flush() == b""
+    # Everything in one read, and the engine's bytes kept as they were written.
+    spaced = b'{"choices": [{"index": 0, "delta": {}, "finish_reason": "length"}], "a": 1}'
+    forwarder = StreamForwarder(OutputTracker("chat", token_ids=False), NOTHING)
+    written = forwarder.feed(frame(spaced) + frame(USAGE_ONLY) + DONE_BLOCK, 0.0)
+    assert written == b"data: " + spaced[:-1] + b',"system_fingerprint":"vllm-0.33.0-x"}\n\n'
+    # A client that asked for usage gets the usage chunk, the fingerprint on it.
+    forwarder = StreamForwarder(OutputTracker("chat", token_ids=True), EVERYTHING)
+    body = frame(FINISHING) + frame(USAGE_ONLY)
+    assert forwarder.feed(body + DONE_BLOCK, 0.0) == body
+
+
+def test_a_held_last_chunk_is_released_by_whatever_comes_next() -> None:
+    """The last chunk is never lost or reordered: a usage chunk without a fingerprint, a
+    choice that starts after another finished, [DONE], or the end of the stream (flush)
+    each let it go, unchanged."""
+    usage_plain = b'{"choices":[],"usage":{"prompt_tokens":1,"completion_tokens":2}}'
+    second = b'{"choices":[{"index":1,"delta":{"content":"b"},"token_ids":[2]}]}'
+    for then in (frame(usage_plain), frame(second), DONE_BLOCK, None):
+        forwarder = StreamForwarder(OutputTracker("chat", token_ids=True), NOTHING)
+        assert forwarder.feed(frame(FINISHING), 0.0) == b""
+        written = forwarder.feed(then, 1.0) if then is not None else forwarder.flush()
+        assert written.startswith(frame(FINISHING).replace(b',"token_ids":[9]', b""))
+        assert b"system_fingerprint" not in written and forwarder.flush() == b""
 
 
 ERRORS = [

@@ -80,13 +80,13 @@ async def relay_stream(
                         else:
                             payload = read
         except NarwhalError as error:
-            await response.write_eof(error.sse_event())
+            await response.write_eof(stream.flush() + error.sse_event())
             return response, error.outcome
         except TimeoutError:
             expiry = TerminalExpiry("The request deadline expired while streaming.")
-            await response.write_eof(expiry.sse_event())
+            await response.write_eof(stream.flush() + expiry.sse_event())
             return response, expiry.outcome
-        await response.write_eof(payload + _DONE_EVENT)
+        await response.write_eof(payload + stream.flush() + _DONE_EVENT)
     except ConnectionError as e:
         raise ClientGone(str(e)) from e
     return response, "completed"

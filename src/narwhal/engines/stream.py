@@ -67,6 +67,10 @@ class EngineStream:
         if not self.sink.done and not self.tracker.finished:
             raise TruncatedStream(f"engine {self.engine_name} stream ended before output did")
 
+    def flush(self) -> bytes:
+        """The client's bytes the sink still holds, once the stream has ended."""
+        return self.sink.flush()
+
     def feed(self, data: bytes) -> bytes:
         """Push mode (`push`): the client's bytes for body bytes the consumer was given."""
         return self.sink.feed(data, time.monotonic())

@@ -13,11 +13,20 @@ the engine's `data: [DONE]`) from a truncated one.
 
 `[DONE]` is never forwarded: the relay writes its own after a clean end, so a stream cut
 short can never look complete.
+
+Metadata the engine moved: vLLM puts `system_fingerprint` on its last chunk, or on the
+usage-only chunk when there is one (PROTOCOL.md §2.2). Narwhal always asks for that chunk;
+for a client that did not, the forwarder holds the client's bytes back from the moment
+every choice has finished until that chunk (or the end) comes, and puts the fingerprint
+back on the last chunk, where the engine would have written it. Nothing waits on more
+than the engine's next event: the usage chunk follows the last chunk at once.
 """
 
 from __future__ import annotations
 
-from typing import Final, cast
+from typing import Any, Final, cast
+
+import msgspec
 
 from narwhal.protocol.assembly import Assembler
 from narwhal.protocol.events import decode_event, encode_sse_event
@@ -33,6 +42,9 @@ from narwhal.protocol.sse import SSEDecoder, SSEEvent
 from narwhal.protocol.tracker import OutputTracker
 
 _DONE: Final = b"[DONE]"
+# Top-level keys vLLM writes on the usage-only chunk instead of its last chunk.
+_MOVED_TO_USAGE_CHUNK: Final = ("system_fingerprint",)
+_encode: Final = msgspec.json.encode
 
 
 class StreamForwarder:
@@ -40,8 +52,12 @@ class StreamForwarder:
         "_completion",
         "_decoder",
         "_exposure",
+        "_held",
+        "_holds_last",
+        "_moved",
         "_rewrite",
         "_strip_ids",
+        "_usage_dropped",
         "done",
         "events",
         "tracker",
@@ -55,6 +71,11 @@ class StreamForwarder:
         # Completion chunks carry `"prompt_token_ids": null` per choice (chat: top level).
         self._completion = tracker.route == "completion"
         self._decoder = SSEDecoder()
+        # The usage-only chunk is dropped for this client: hold the last chunk for it.
+        self._holds_last = not exposure.usage
+        self._held = b""  # client bytes held back (see the module docstring)
+        self._moved: dict[str, Any] | None = None  # metadata taken off the usage chunk
+        self._usage_dropped = False
         self.done = False  # the engine's `data: [DONE]` came
         self.events = 0  # events seen, [DONE] included
 
@@ -68,6 +89,27 @@ class StreamForwarder:
 
         Raises UpstreamError when an event fails the attempt.
         """
+        out = self._forward(chunk, now)
+        return self._hold_last(out) if self._holds_last else out
+
+    def flush(self) -> bytes:
+        """The bytes still held back, at the end of the stream (whatever ended it)."""
+        held, self._held = self._held, b""
+        return held
+
+    def _hold_last(self, out: bytes) -> bytes:
+        if self._held:
+            out = self._held + out
+            self._held = b""
+        if self._moved is not None:
+            out = _with_members(out, self._moved)
+            self._moved = None
+        if out and self.tracker.finished and not (self.done or self._usage_dropped):
+            self._held = out
+            return b""
+        return out
+
+    def _forward(self, chunk: bytes, now: float) -> bytes:
         data = self._decoder.single(chunk)
         if data is not None:
             self.events += 1
@@ -137,11 +179,17 @@ class StreamForwarder:
         self.tracker.observe(decoded, now)
         if not self._rewrite:
             return raw
+        usage_only = self._holds_last and "usage" in decoded and not decoded.get("choices")
         verdict = apply_exposure(decoded, self._exposure)
         if verdict is Exposed.UNCHANGED:
             return raw
         if verdict is Exposed.CHANGED:
             return encode_sse_event(decoded, name)
+        if usage_only:  # dropped: what the engine moved onto it goes back
+            self._usage_dropped = True
+            moved = {key: decoded[key] for key in _MOVED_TO_USAGE_CHUNK if key in decoded}
+            if moved:
+                self._moved = moved
         return b""
 
     def _stripped(self, data: bytes, raw: bytes, keys: int) -> bytes:
@@ -171,6 +219,32 @@ def _replace(run: bytes, datas: list[bytes], replaced: dict[int, bytes]) -> byte
     return b"".join(pieces)
 
 
+def _with_members(out: bytes, members: dict[str, Any]) -> bytes:
+    """`out` with `members` added to its last event, when that is one `data:` line holding
+    a JSON object without them; else `out` as it is. The event's own bytes stay as they
+    are: the members go in before its closing brace."""
+    body = out.rstrip(b"\r\n")  # less the blank line that ends the event
+    if not body.endswith(b"}"):
+        return out
+    line = body[max(body.rfind(b"\n"), body.rfind(b"\r")) + 1 :]
+    if not line.startswith(b"data:"):
+        return out
+    try:
+        event = msgspec.json.decode(line[5:])
+    except msgspec.DecodeError:
+        return out
+    if type(event) is not dict:
+        return out
+    added = b"".join(
+        b"," + _encode(key) + b":" + _encode(value)
+        for key, value in members.items()
+        if key not in event
+    )
+    if not added:
+        return out
+    return body[:-1] + added + b"}" + out[len(body) :]
+
+
 def _frame(data: bytes) -> bytes:
     """A one-line `data:` event's bytes, as `SSEDecoder.feed_run` found it."""
     return b"data: " + data + b"\n\n"
@@ -189,6 +263,9 @@ class StreamCollector:
     @property
     def pending(self) -> bool:
         return self._decoder.pending
+
+    def flush(self) -> bytes:
+        return b""  # nothing is ever written for a non-streaming client
 
     def feed(self, chunk: bytes, now: float) -> bytes:
         """Take the engine's next bytes and assemble their events; nothing to write."""
