@@ -50,6 +50,7 @@ def test_non_streaming_chat_with_tool_calls(client: openai.OpenAI) -> None:
     )
     choice = completion.choices[0]
     assert choice.finish_reason == "tool_calls"
+    assert choice.message.content is None  # calls only: no text, as OpenAI and vLLM answer
     calls = choice.message.tool_calls or []
     assert len(calls) == 2
     for call in calls:

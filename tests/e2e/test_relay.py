@@ -182,6 +182,7 @@ async def test_tool_calls_streamed_and_assembled(router: NarwhalProcess) -> None
     ]
     for call in assembled:
         assert call["id"] and call["function"]["name"] and call["type"] == "function"
+    assert choice["message"]["content"] is None  # as the engine's own non-streaming answer
 
 
 @pytest.mark.parametrize(

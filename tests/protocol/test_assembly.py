@@ -234,6 +234,27 @@ def test_whole_tool_call_in_one_delta() -> None:
     }
 
 
+def test_a_call_with_no_text_has_content_null_as_vllm_answers() -> None:
+    """vLLM's stream opens with `"content": ""`; its own non-streaming answer to the same
+    request has content null when the model only called (tool parsers give None for
+    empty text), as OpenAI's does. Text beside a call stays."""
+    opening = chunk(delta(role="assistant", content=""))
+    first = call(0, id="t", type="function", function={"name": "f", "arguments": "{}"})
+    only_call = assemble([opening, chunk(delta(tool_calls=[first], finish="tool_calls"))])
+    assert message(only_call)["content"] is None
+    legacy = assemble([opening, chunk(delta(function_call={"name": "f"}, finish="stop"))])
+    assert message(legacy)["content"] is None
+    with_text = assemble(
+        [
+            opening,
+            chunk(delta(content="Calling")),
+            chunk(delta(tool_calls=[first], finish="tool_calls")),
+        ]
+    )
+    assert message(with_text)["content"] == "Calling"
+    assert message(assemble([opening, chunk(delta(finish="stop"))]))["content"] == ""
+
+
 def test_tool_call_without_id_is_a_502() -> None:
     with pytest.raises(EngineOutputError, match="tool call at index 0 has no id"):
         assemble(

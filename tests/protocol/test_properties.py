@@ -209,8 +209,11 @@ def test_split_stream_assembles_like_the_whole_and_like_the_script(data: st.Data
         return
     assert whole["prompt_token_ids"] == PROMPT_IDS
     message = choice["message"]
+    expected_text = dict(script.text)
+    if script.calls and expected_text.get("content") == "":
+        expected_text["content"] = None  # a call and no text: null, as vLLM answers
     for name in ("content", "reasoning", "reasoning_content", "refusal"):
-        assert message.get(name) == script.text.get(name)
+        assert message.get(name) == expected_text.get(name)
     expected_calls = [
         {"id": c["id"], "type": "function",
          "function": {"name": c["name"], "arguments": c["arguments"]}}

@@ -197,6 +197,11 @@ class _ChatChoice(_Choice):
         function_call = self.function_call.result()
         if function_call is not None:
             message["function_call"] = function_call
+        if message["content"] == "" and (self.tool_calls or function_call is not None):
+            # A call and no text: vLLM's own non-streaming answer has content null (its
+            # tool parsers give None for empty text), as OpenAI's does; only the stream's
+            # first delta carried `"content": ""`.
+            message["content"] = None
         out = self._tail({"index": self.index, "message": message})
         if self.keep_ids:
             if self.prompt_token_ids is not None:
