@@ -13,6 +13,7 @@ from narwhal.protocol.exposure import (
     Exposed,
     Exposure,
     apply_exposure,
+    carries_nothing,
     expose_event,
     needs_rewrite,
 )
@@ -259,6 +260,62 @@ def test_every_choice_must_have_finished_to_keep_usage() -> None:
     assert "usage" not in event
 
 
+# --- events that only carried IDs ----------------------------------------------------
+
+
+def id_only(**choice: Any) -> dict[str, Any]:
+    """vLLM (0.13 on) while its parser holds text back: an empty delta with the IDs."""
+    fields = {"delta": {}, "logprobs": None, "finish_reason": None, "token_ids": [11]}
+    return {
+        "id": "c",
+        "object": "chat.completion.chunk",
+        "created": 1,
+        "model": "m",
+        "choices": [{"index": 0, **fields, **choice}],
+        "kv_transfer_params": None,
+    }
+
+
+@pytest.mark.parametrize("exposure", [NOTHING, USAGE])
+def test_an_event_that_only_carried_ids_is_dropped_without_them(exposure: Exposure) -> None:
+    assert apply_exposure(id_only(), exposure) is Exposed.DROPPED
+    # vLLM 0.11.1 to 0.15.1 writes reasoning_content: null on every delta.
+    assert apply_exposure(id_only(delta={"reasoning_content": None}), exposure) is Exposed.DROPPED
+    completion = {"choices": [{"index": 0, "text": "", "token_ids": [4], "stop_reason": None}]}
+    assert apply_exposure(completion, exposure) is Exposed.DROPPED
+    assert apply_exposure(id_only(), IDS) is Exposed.UNCHANGED
+
+
+@pytest.mark.parametrize(
+    "choice",
+    [
+        {"finish_reason": "stop"},  # the finishing chunk
+        {"logprobs": {"content": [{"token": "a", "logprob": -1.0}]}},  # vLLM sends these too
+        {"delta": {"role": "assistant"}},
+        {"delta": {"content": ""}},
+        {"delta": {"tool_calls": []}},
+        {"annotations": []},  # a value Narwhal does not know is still a value
+    ],
+)
+def test_an_event_with_anything_else_is_kept(choice: dict[str, Any]) -> None:
+    assert apply_exposure(id_only(**choice), NOTHING) is Exposed.CHANGED
+
+
+def test_only_events_that_had_ids_are_dropped_for_it() -> None:
+    """An engine's own empty event (no ID list was removed) is not Narwhal's to drop,
+    nor is one that keeps continuous usage the client asked for."""
+    event = id_only()
+    del event["choices"][0]["token_ids"]
+    assert apply_exposure(event, NOTHING) is Exposed.UNCHANGED
+    continuous = Exposure(token_ids=False, usage=True, continuous_usage=True)
+    assert apply_exposure(id_only(), continuous) is Exposed.DROPPED
+    with_usage = id_only()
+    with_usage["usage"] = dict(USAGE_OBJ)
+    assert apply_exposure(dict(with_usage, choices=[dict(with_usage["choices"][0])]),
+                          NOTHING) is Exposed.DROPPED  # fmt: skip
+    assert apply_exposure(with_usage, continuous) is Exposed.CHANGED
+
+
 # --- nothing else changes -----------------------------------------------------------
 
 
@@ -279,7 +336,11 @@ def test_exposure_only_removes(stream: Any, exposure: Exposure) -> None:
         event = decode_event(sse.data)
         verdict = apply_exposure(event, exposure)
         if verdict is Exposed.DROPPED:
-            assert not original.get("choices")
+            # The usage or ID chunk, or an event that only carried IDs (for a client
+            # without them): nothing with a value goes.
+            assert not original.get("choices") or (
+                not exposure.token_ids and carries_nothing(event)
+            )
             continue
         assert (verdict is Exposed.UNCHANGED) == (event == original)
         assert _is_subset(event, original)
@@ -308,7 +369,7 @@ def test_streamed_vllm_chat_for_a_default_client() -> None:
         event = expose_event(decode_event(sse.data), NOTHING)
         if event is not None:
             out.append(event)
-    assert len(out) == 6  # the usage-only chunk is gone
+    assert len(out) == 5  # the usage-only chunk and the ID-only empty delta are gone
     assert all("prompt_token_ids" not in e and "usage" not in e for e in out[:-1])
     assert all("token_ids" not in c for e in out[:-1] for c in e["choices"])
 

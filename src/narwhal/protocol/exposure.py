@@ -69,8 +69,13 @@ def apply_exposure(event: dict[str, Any], exposure: Exposure) -> Exposed:
       every choice has finished (transformers serve, §6.3).
     - An event left with no choices and no usage after a removal is dropped whole
       (the usage-only chunk, the sglext chunk).
+    - Without token_ids, an event left with nothing but nulls and empty deltas once its
+      ID lists are gone is dropped too: vLLM (0.13 on) sends such an event only to carry
+      the IDs of text its reasoning or tool parser holds back, and only when IDs (or
+      logprobs) were asked for (PROTOCOL.md §1.2), so the client would not have got it.
     """
     changed = False
+    ids_removed = False
     choices = event.get("choices")
     if not exposure.token_ids:
         if "prompt_token_ids" in event:
@@ -84,13 +89,14 @@ def apply_exposure(event: dict[str, Any], exposure: Exposure) -> Exposed:
                 if type(choice) is dict:
                     if "token_ids" in choice:
                         del choice["token_ids"]
-                        changed = True
+                        ids_removed = True
                     if "prompt_token_ids" in choice:
                         del choice["prompt_token_ids"]
                         changed = True
                     if "response_token_ids" in choice:
                         del choice["response_token_ids"]
                         changed = True
+            changed = changed or ids_removed
     if "usage" in event and _hide_usage(event["usage"], choices, exposure):
         del event["usage"]
         changed = True
@@ -98,7 +104,36 @@ def apply_exposure(event: dict[str, Any], exposure: Exposure) -> Exposed:
         return Exposed.UNCHANGED
     if not choices and event.get("usage") is None and "error" not in event:
         return Exposed.DROPPED
+    if ids_removed and carries_nothing(event):
+        return Exposed.DROPPED
     return Exposed.CHANGED
+
+
+_ENVELOPE = frozenset(("id", "object", "created", "model", "choices"))
+
+
+def carries_nothing(event: dict[str, Any]) -> bool:
+    """Every choice of the event holds nothing but its index, nulls and an empty delta
+    (chat: `{}` or only null members) or empty text (completions), and the event nothing
+    but its envelope and nulls."""
+    choices = event.get("choices")
+    if type(choices) is not list or not choices:
+        return False
+    for key, value in event.items():
+        if value is not None and key not in _ENVELOPE:
+            return False
+    for choice in choices:
+        if type(choice) is not dict:
+            return False
+        for key, value in choice.items():
+            if value is None or key == "index":
+                continue
+            if key == "delta":
+                if type(value) is not dict or any(v is not None for v in value.values()):
+                    return False
+            elif key != "text" or value != "":
+                return False
+    return True
 
 
 def _hide_usage(usage: Any, choices: Any, exposure: Exposure) -> bool:

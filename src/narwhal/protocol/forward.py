@@ -36,6 +36,7 @@ from narwhal.protocol.plain import (
     decode_plain,
     decode_plains,
     id_list_keys,
+    quiet_events,
     strip_token_ids,
 )
 from narwhal.protocol.sse import SSEDecoder, SSEEvent
@@ -130,7 +131,6 @@ class StreamForwarder:
         replaced: dict[int, bytes] = {}
         if not others:
             keys = tracker.observe_plains(cast("list[PlainEvent]", plains), now)
-            out = run
         else:
             # In stream order: the plain stretches between the others, and each other.
             keys = 0
@@ -140,16 +140,20 @@ class StreamForwarder:
                 replaced[i] = self._general(datas[i], None, _frame(datas[i]), now)
                 start = i + 1
             keys += tracker.observe_plains(cast("list[PlainEvent]", plains[start:]), now)
-            out = _replace(run, datas, replaced)
         if not keys or not self._strip_ids:
-            return out
+            return _replace(run, datas, replaced) if replaced else run
+        for i in quiet_events(plains):
+            # Maybe only IDs: the exposure rules judge it whole (already accounted).
+            replaced[i] = self._exposed(datas[i], _frame(datas[i]))
+            keys -= id_list_keys(cast(PlainEvent, plains[i]))
+        out = _replace(run, datas, replaced) if replaced else run
         stripped = strip_token_ids(out, keys, prompt_nulls=self._completion)
         if stripped is not None:
             return stripped
         # Not the compact shape: strip (or re-encode) event by event; all accounted above.
         pieces: list[bytes] = []
         for i, (data, plain) in enumerate(zip(datas, plains, strict=True)):
-            if plain is None:  # one of the others: already exposed
+            if plain is None or i in replaced:  # an other or a quiet one: already exposed
                 pieces.append(replaced[i])
             else:
                 pieces.append(self._stripped(data, _frame(data), id_list_keys(plain)))
@@ -167,7 +171,11 @@ class StreamForwarder:
             plain = decode_plain(data)
             if plain is not None:
                 keys = self.tracker.observe_plains((plain,), now)
-                return self._stripped(data, raw, keys) if keys and self._strip_ids else raw
+                if not keys or not self._strip_ids:
+                    return raw
+                if quiet_events([plain]):
+                    return self._exposed(data, raw)
+                return self._stripped(data, raw, keys)
         return self._general(data, name, raw, now)
 
     def _general(self, data: bytes, name: str | None, raw: bytes, now: float) -> bytes:
@@ -197,9 +205,15 @@ class StreamForwarder:
         stripped = strip_token_ids(raw, keys, prompt_nulls=self._completion)
         if stripped is not None:
             return stripped
+        return self._exposed(data, raw)
+
+    def _exposed(self, data: bytes, raw: bytes) -> bytes:
+        """A plain event (already accounted) through the exposure rules, decoded."""
         decoded = decode_event(data)
-        apply_exposure(decoded, self._exposure)
-        return encode_sse_event(decoded)
+        verdict = apply_exposure(decoded, self._exposure)
+        if verdict is Exposed.UNCHANGED:
+            return raw
+        return encode_sse_event(decoded) if verdict is Exposed.CHANGED else b""
 
 
 def _replace(run: bytes, datas: list[bytes], replaced: dict[int, bytes]) -> bytes:
