@@ -71,3 +71,30 @@ async def test_sglang_engine_chat_and_completions(
             assert reply.json()["usage"]["completion_tokens"] > 0
     values = await metrics_of(sglang_router.url)
     assert values['narwhal_output_tokens_total{engine="g0",source="token_ids"}'] > 0
+
+
+@pytest.fixture(scope="module")
+def sglang_sim() -> Iterator[NarwhalProcess]:
+    with sim_process("--time-scale", "0", "--dialect", "sglang", "--seed", "3") as sim:
+        yield sim
+
+
+async def test_sglang_chat_ids_reach_clients_that_ask(sglang_sim: NarwhalProcess) -> None:
+    """SGLang refuses return_token_ids on streamed chat and gives the IDs in one sglext
+    chunk at the end when asked (PROTOCOL.md §6.1): a streaming client gets that chunk,
+    a non-streaming one the IDs SGLang's own non-streaming answer holds."""
+    with router_process(fleet_config([("g0", sglang_sim, "sglang")])) as router:
+        body = chat("Say something", max_tokens=6, seed=1, return_token_ids=True)
+        direct = (await send(sglang_sim.url, body)).json()["choices"][0]
+        assembled = await send(router.url, body)
+        assert assembled.status == 200, assembled.raw
+        reply = assembled.json()
+        assert reply["choices"][0]["token_ids"] == direct["response_token_ids"]
+        assert reply["prompt_token_ids"] == direct["prompt_token_ids"]
+        streamed = await send(router.url, {**body, "stream": True})
+        events = [e for e in streamed.events() if isinstance(e, dict)]
+        (ids,) = [e["sglext"] for e in events if "sglext" in e]
+        assert ids["output_ids"] == [direct["response_token_ids"]]
+        assert streamed.events()[-1] == "[DONE]"
+        plain = await send(router.url, {**body, "return_token_ids": False, "stream": True})
+        assert all("sglext" not in e for e in plain.events() if isinstance(e, dict))

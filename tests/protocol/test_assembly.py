@@ -576,11 +576,33 @@ def test_completion_token_ids_exposed_per_choice() -> None:
     assert "prompt_token_ids" not in hidden
 
 
-def test_sglext_kept_only_with_token_ids() -> None:
-    sglext = {"input_ids": [1], "output_ids": [[2]]}
+def test_sglext_ids_become_the_same_fields_as_vllms_only_with_token_ids() -> None:
+    """SGLang gives a streamed chat's IDs in one sglext chunk at the end (PROTOCOL.md
+    §6.1): a client that asked for IDs gets them where a vLLM engine's would be."""
+    sglext = {"input_ids": [1, 5], "output_ids": [[2, 3], [4]]}
+    events = [
+        chunk(delta(0, content="a", finish="stop")),
+        chunk(delta(1, content="b", finish="stop")),
+        chunk(sglext=sglext, usage=None),
+    ]
+    result = assemble(events, exposure=IDS)
+    assert result["prompt_token_ids"] == [1, 5]
+    assert [c["token_ids"] for c in result["choices"]] == [[2, 3], [4]]
+    assert "sglext" not in result
+    hidden = assemble(events, exposure=NO_IDS)
+    assert "sglext" not in hidden and "prompt_token_ids" not in hidden
+    assert all("token_ids" not in c for c in hidden["choices"])
+
+
+@pytest.mark.parametrize(
+    "sglext",
+    [[1], {"output_ids": [[True]]}, {"output_ids": [2]}, {"output_ids": {"0": [1]}},
+     {"input_ids": [-1]}],
+)  # fmt: skip
+def test_malformed_sglext_ids_are_a_502(sglext: Any) -> None:
     events = [chunk(delta(content="a", finish="stop")), chunk(sglext=sglext)]
-    assert assemble(events, exposure=IDS)["sglext"] == sglext
-    assert "sglext" not in assemble(events, exposure=NO_IDS)
+    with pytest.raises(EngineOutputError):
+        assemble(events, exposure=IDS)
 
 
 # --- Several choices, repeat calls --------------------------------------------------

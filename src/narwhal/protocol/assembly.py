@@ -240,6 +240,7 @@ class Assembler:
         "_choices",
         "_keep_ids",
         "_metadata",
+        "_output_ids",
         "_prompt_ids",
         "_route",
         "_usage",
@@ -252,6 +253,7 @@ class Assembler:
         self._choices: dict[int, _Choice] = {}
         self._metadata: dict[str, Any] = {}
         self._prompt_ids: list[int] | None = None
+        self._output_ids: list[Any] | None = None  # SGLang's sglext.output_ids, per choice
         self._usage: dict[str, Any] | None = None
 
     def add(self, event: Mapping[str, Any]) -> None:
@@ -291,14 +293,28 @@ class Assembler:
 
     def _take_ids(self, event: Mapping[str, Any]) -> None:
         """The top-level ID lists, kept only for a client that asked for them (the
-        exposure rules): vLLM's prompt IDs (role chunk, §1.2) and SGLang's sglext (§6.1)."""
+        exposure rules): vLLM's prompt IDs (role chunk, §1.2) and SGLang's sglext (§6.1),
+        whose lists become the same fields as vLLM's, so a client gets one shape."""
         prompt = event.get("prompt_token_ids")
         if prompt is not None and self._prompt_ids is None:
             check_token_ids(prompt, "prompt_token_ids")
             self._prompt_ids = prompt
         sglext = event.get("sglext")
-        if sglext is not None:
-            self._metadata["sglext"] = sglext
+        if sglext is None:
+            return
+        if type(sglext) is not dict:
+            malformed("sglext", "an object")
+        inputs = sglext.get("input_ids")
+        if inputs is not None and self._prompt_ids is None:
+            check_token_ids(inputs, "sglext.input_ids")
+            self._prompt_ids = inputs
+        outputs = sglext.get("output_ids")
+        if outputs is not None:
+            if type(outputs) is not list:
+                malformed("sglext.output_ids", "an array")
+            for ids in outputs:
+                check_token_ids(ids, "sglext.output_ids")
+            self._output_ids = outputs
 
     def result(self, *, prompt_tokens: int, completion_tokens: int) -> dict[str, Any]:
         """The assembled response. `prompt_tokens` and `completion_tokens` (Narwhal's
@@ -308,6 +324,10 @@ class Assembler:
         if not self._choices:
             raise EngineOutputError("engine stream ended without any choice")
         choices = [self._choices[index].result() for index in sorted(self._choices)]
+        if self._output_ids is not None:
+            for choice in choices:
+                if choice["index"] < len(self._output_ids):
+                    choice["token_ids"] = self._output_ids[choice["index"]]
         metadata = self._metadata
         response: dict[str, Any] = {}
         for key in _HEAD:

@@ -102,8 +102,9 @@ def apply_exposure(event: dict[str, Any], exposure: Exposure) -> Exposed:
         changed = True
     if not changed:
         return Exposed.UNCHANGED
+    # (SGLang's ID chunk has no choices and `"usage": null`, and is kept for IDs.)
     if not choices and event.get("usage") is None and "error" not in event:
-        return Exposed.DROPPED
+        return Exposed.CHANGED if "sglext" in event else Exposed.DROPPED
     if ids_removed and carries_nothing(event):
         return Exposed.DROPPED
     return Exposed.CHANGED

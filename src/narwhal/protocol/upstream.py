@@ -44,8 +44,13 @@ def upstream_body(request: CompletionRequest, dialect: Dialect) -> dict[str, Any
         if request.route == "completion":
             body["return_token_ids"] = True
         else:
-            # SGLang rejects return_token_ids on streamed chat (400).
+            # SGLang rejects return_token_ids on streamed chat (400); it gives a streamed
+            # chat's IDs in one `sglext` chunk at the end (PROTOCOL.md §6.1), which is
+            # how a client that asked for IDs gets them.
             body.pop("return_token_ids", None)
+            if request.return_token_ids:
+                body["return_input_ids_in_sglext"] = True
+                body["return_output_ids_in_sglext"] = True
     else:
         for field in VLLM_ONLY_FIELDS:
             body.pop(field, None)
