@@ -64,21 +64,12 @@ async def relay_stream(
     response = _SSEResponse(headers={**SSE_HEADERS, REQUEST_ID_HEADER: request_id})
     try:
         await response.prepare(http)
-        payload = first
         try:
-            async with asyncio.timeout_at(deadline):
-                ended = False  # the body ended without [DONE] (generic servers), finished
-                while not stream.done and not ended:
-                    if payload:
-                        await response.write(payload)  # the headers leave with it
-                        payload = b""
-                        ended = await _push(http, stream)
-                    else:
-                        read = await stream.read()
-                        if read is None:
-                            ended = True
-                        else:
-                            payload = read
+            # A short answer is often whole in hand already: headers, events and the end
+            # then leave in one write, with no deadline timer to arm.
+            payload = (
+                first if stream.done else await _until_end(http, response, stream, first, deadline)
+            )
         except NarwhalError as error:
             await response.write_eof(stream.flush() + error.sse_event())
             return response, error.outcome
@@ -90,6 +81,31 @@ async def relay_stream(
     except ConnectionError as e:
         raise ClientGone(str(e)) from e
     return response, "completed"
+
+
+async def _until_end(
+    http: web.Request,
+    response: web.StreamResponse,
+    stream: EngineStream,
+    payload: bytes,
+    deadline: float,
+) -> bytes:
+    """Relay until the engine's `[DONE]` or a clean end of its body; return the bytes
+    still to write with the end. Raises what failed the stream, or TimeoutError."""
+    async with asyncio.timeout_at(deadline):
+        ended = False  # the body ended without [DONE] (generic servers), finished
+        while not stream.done and not ended:
+            if payload:
+                await response.write(payload)  # the headers leave with it
+                payload = b""
+                ended = await _push(http, stream)
+            else:
+                read = await stream.read()
+                if read is None:
+                    ended = True
+                else:
+                    payload = read
+    return payload
 
 
 async def _push(http: web.Request, stream: EngineStream) -> bool:
