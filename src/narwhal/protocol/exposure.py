@@ -120,10 +120,7 @@ def carries_nothing(event: dict[str, Any]) -> bool:
     choices = event.get("choices")
     if type(choices) is not list or not choices:
         return False
-    for key, value in event.items():
-        if value is not None and key not in _ENVELOPE:
-            return False
-    for choice in choices:
+    for choice in choices:  # (first: where a usual event shows its output at once)
         if type(choice) is not dict:
             return False
         for key, value in choice.items():
@@ -134,7 +131,7 @@ def carries_nothing(event: dict[str, Any]) -> bool:
                     return False
             elif key != "text" or value != "":
                 return False
-    return True
+    return all(value is None or key in _ENVELOPE for key, value in event.items())
 
 
 def _hide_usage(usage: Any, choices: Any, exposure: Exposure) -> bool:
