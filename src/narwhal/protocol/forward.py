@@ -36,6 +36,7 @@ from narwhal.protocol.plain import (
     decode_plain,
     decode_plains,
     id_list_keys,
+    is_quiet,
     quiet_events,
     strip_token_ids,
 )
@@ -91,7 +92,9 @@ class StreamForwarder:
         Raises UpstreamError when an event fails the attempt.
         """
         out = self._forward(chunk, now)
-        return self._hold_last(out) if self._holds_last else out
+        if self._holds_last and (self._held or self.tracker.finish_seen):
+            return self._hold_last(out)
+        return out
 
     def flush(self) -> bytes:
         """The bytes still held back, at the end of the stream (whatever ended it)."""
@@ -173,7 +176,7 @@ class StreamForwarder:
                 keys = self.tracker.observe_plains((plain,), now)
                 if not keys or not self._strip_ids:
                     return raw
-                if quiet_events([plain]):
+                if is_quiet(plain):
                     return self._exposed(data, raw)
                 return self._stripped(data, raw, keys)
         return self._general(data, name, raw, now)

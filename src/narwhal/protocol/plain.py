@@ -123,30 +123,31 @@ def decode_plains(datas: list[bytes], ascii: bool) -> tuple[list[PlainEvent | No
     return events, others
 
 
+def is_quiet(event: PlainEvent) -> bool:
+    """Every choice has an ID-list key, no finish_reason and no output: the event may
+    hold nothing but IDs (vLLM's empty deltas while a parser holds text back).
+    `exposure.carries_nothing` decides, on the decoded event; this only keeps the usual
+    event from being decoded twice."""
+    if not event.choices:
+        return False
+    for choice in event.choices:
+        delta = choice.delta
+        # Content first: it settles the usual event at once.
+        if delta is not None:
+            if delta.content:
+                return False
+        elif choice.text:
+            return False
+        if choice.finish_reason is not None or choice.token_ids is UNSET:
+            return False
+        if delta is not None and delta.carries_output():
+            return False
+    return True
+
+
 def quiet_events(events: list[PlainEvent | None]) -> list[int]:
-    """The indices of the plain events whose every choice has an ID-list key, no
-    finish_reason and no output: the events that may hold nothing but IDs (vLLM's empty
-    deltas while a parser holds text back). `exposure.carries_nothing` decides, on the
-    decoded event; this only keeps the usual event from being decoded twice."""
-    found: list[int] = []
-    for i, event in enumerate(events):
-        if event is None or not event.choices:
-            continue
-        for choice in event.choices:
-            delta = choice.delta
-            # Content first: it settles the usual event at once.
-            if delta is not None:
-                if delta.content:
-                    break
-            elif choice.text:
-                break
-            if choice.finish_reason is not None or choice.token_ids is UNSET:
-                break
-            if delta is not None and delta.carries_output():
-                break
-        else:
-            found.append(i)
-    return found
+    """The indices of the plain events that `is_quiet`."""
+    return [i for i, event in enumerate(events) if event is not None and is_quiet(event)]
 
 
 def id_list_keys(event: PlainEvent) -> int:

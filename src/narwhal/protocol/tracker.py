@@ -36,6 +36,7 @@ class OutputTracker:
         "_token_ids",
         "event_counts",
         "event_times",
+        "finish_seen",
         "first_output_at",
         "tokens",
         "usage",
@@ -48,6 +49,7 @@ class OutputTracker:
         self._token_ids = token_ids
         self._prompt_ids = prompt_ids
         self._finish_reasons: dict[int, str | None] = {}  # choice index -> finish_reason
+        self.finish_seen = False  # some choice has its finish_reason (`finished` may hold)
         self.tokens = 0  # validated generated token IDs (or output events without IDs)
         self.first_output_at: float | None = None
         self.usage: dict[str, Any] | None = None
@@ -80,6 +82,7 @@ class OutputTracker:
                     raise EngineOutputError("engine sent a choice index that is not an integer")
                 if reason is not None or index not in self._finish_reasons:
                     self._finish_reasons[index] = reason
+                    self.finish_seen = self.finish_seen or reason is not None
                 if not self._token_ids and carries_output(choice, self._route):
                     count += 1
         if count:
@@ -137,6 +140,7 @@ class OutputTracker:
                 index = choice.index
                 if reason is not None or index not in reasons:
                     reasons[index] = reason
+                    self.finish_seen = self.finish_seen or reason is not None
             if count:
                 if not total:
                     first = count
