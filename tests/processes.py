@@ -10,7 +10,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -46,14 +46,17 @@ def _drain(stream: Any) -> None:
 
 
 @contextmanager
-def narwhal_process(args: Sequence[str], startup_timeout: float = 30.0) -> Iterator[NarwhalProcess]:
-    """Run `python -m narwhal ARGS`, wait for its 'listening on URL' line, stop it afterwards."""
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
+def narwhal_process(
+    args: Sequence[str], startup_timeout: float = 30.0, env: Mapping[str, str] | None = None
+) -> Iterator[NarwhalProcess]:
+    """Run `python -m narwhal ARGS`, wait for its 'listening on URL' line, stop it afterwards.
+    `env`: variables to set in the child's environment, besides this process's."""
+    child_env = dict(os.environ, PYTHONUNBUFFERED="1", **(env or {}))
     proc = subprocess.Popen(
         [sys.executable, "-m", "narwhal", *args],
         stdout=subprocess.PIPE,
         stderr=None,
-        env=env,
+        env=child_env,
     )
     assert proc.stdout is not None
     url = None
@@ -82,7 +85,9 @@ def narwhal_process(args: Sequence[str], startup_timeout: float = 30.0) -> Itera
 
 
 @contextmanager
-def router_process(config: dict[str, Any], *extra: str) -> Iterator[NarwhalProcess]:
+def router_process(
+    config: dict[str, Any], *extra: str, env: Mapping[str, str] | None = None
+) -> Iterator[NarwhalProcess]:
     """A router from a configuration mapping, on an ephemeral port."""
     config = dict(config)
     serving = dict(config.get("serving", {}))
@@ -93,7 +98,7 @@ def router_process(config: dict[str, Any], *extra: str) -> Iterator[NarwhalProce
         yaml.safe_dump(config, f)
         path = f.name
     try:
-        with narwhal_process(["serve", "--config", path, *extra]) as process:
+        with narwhal_process(["serve", "--config", path, *extra], env=env) as process:
             yield process
     finally:
         os.unlink(path)
