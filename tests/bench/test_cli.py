@@ -123,6 +123,26 @@ def test_timeout_and_connect_errors(
     assert status == 1 and "/v1/models" in err
 
 
+def test_warm_up_failures_are_reported(
+    engine_url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Warm-up requests are not recorded, but a target that fails them is told."""
+    out_json = tmp_path / "r.json"
+    dataset = tmp_path / "busy.jsonl"
+    dataset.write_text('{"prompt": "#fault:429"}\n')
+    status, out, _ = bench(
+        ["--url", engine_url, "--dataset", str(dataset), "-n", "2", "-c", "1", "--warmup", "3",
+         "--json", str(out_json)],
+        capsys,
+    )  # fmt: skip
+    assert status == 1
+    assert "warm-up: 3 of 3 requests failed (HTTP 429: 3)" in out
+    assert "HTTP 429:" in out.split("first error of each kind:")[1]
+    assert load(out_json)["warmup_errors"] == {"HTTP 429": 3}
+    status, out, _ = bench(["--url", engine_url, "-n", "2", "--warmup", "2"], capsys)
+    assert status == 0 and "warm-up:" not in out
+
+
 def test_sweep_open_loop_stages(
     engine_url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -61,11 +61,16 @@ def _header(result: BenchResult) -> list[str]:
         prompt = str(p.low) if p.low == p.high else f"{p.low}:{p.high}"
         output = str(m.low) if m.low == m.high else f"{m.low}:{m.high}"
         lengths = f"prompt {prompt} tokens, max {output} output tokens"
-    return [
+    lines = [
         f"narwhal bench  model {result.model}  {c.endpoint}  {mode}  {ids}",
         f"  {', '.join(c.urls)}",
         f"  {lengths}, warm-up {c.warmup}, seed {c.seed}",
     ]
+    if result.warmup_errors:
+        failed = sum(result.warmup_errors.values())
+        kinds = ", ".join(f"{k}: {v}" for k, v in result.warmup_errors.items())
+        lines.append(f"  warm-up: {failed} of {c.warmup} requests failed ({kinds})")
+    return lines
 
 
 def _dist_row(name: str, d: Distribution) -> str:
@@ -130,7 +135,9 @@ def table(result: BenchResult, sums: list[StageSummary]) -> str:
         lines.append("")
         lines.extend(_sweep_table(result, sums))
     shown = {
-        k: v for k, v in result.error_samples.items() if any(k in s.error_counts for s in sums)
+        k: v
+        for k, v in result.error_samples.items()
+        if k in result.warmup_errors or any(k in s.error_counts for s in sums)
     }
     if shown:
         lines.append("")
@@ -223,6 +230,7 @@ def document(result: BenchResult, sums: list[StageSummary]) -> dict[str, Any]:
         "interrupted": result.interrupted,
         "config": _config_dict(result),
         "error_samples": result.error_samples,
+        "warmup_errors": result.warmup_errors,
         "stages": [
             {
                 "name": stage.plan.name,

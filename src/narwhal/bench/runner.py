@@ -36,6 +36,7 @@ from narwhal.bench.client import execute
 from narwhal.bench.config import StagePlan
 from narwhal.bench.progress import Counters
 from narwhal.bench.record import Record
+from narwhal.bench.stats import error_counts
 from narwhal.bench.workload import Workload
 
 perf = time.perf_counter
@@ -99,6 +100,8 @@ class Runner:
         self._stopping = False
         self._active: set[asyncio.Task[None]] = set()
         self.error_samples: dict[str, str] = {}  # one explanation per error key
+        self.warmup_errors: dict[str, int] = {}  # warm-up requests are not recorded, but
+        # their failures are reported: a target failing from the start should be seen
 
     @property
     def stopping(self) -> bool:
@@ -115,7 +118,9 @@ class Runner:
             return
         plan = StagePlan("warm-up", None, max(1, min(parallel, count)), count, None)
         self._counters.begin("warm-up", count, None)
-        await self._closed(plan, [], None)
+        records: list[Record] = []
+        await self._closed(plan, records, None)
+        self.warmup_errors = error_counts(records)
         self._next_index = 0
         self._origin = perf()
 

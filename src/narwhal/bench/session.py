@@ -12,7 +12,7 @@ import asyncio
 import contextlib
 import signal
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import aiohttp
 
@@ -30,6 +30,7 @@ class BenchResult:
     stages: list[StageResult]
     interrupted: bool
     error_samples: dict[str, str]
+    warmup_errors: dict[str, int] = field(default_factory=dict)  # by key, as a stage's
 
 
 def _session(config: BenchConfig) -> aiohttp.ClientSession:
@@ -103,4 +104,6 @@ async def run_bench(config: BenchConfig, dataset: list[DatasetItem] | None) -> B
                     await bar
             if handled:
                 loop.remove_signal_handler(signal.SIGINT)
-    return BenchResult(config, model, stages, runner.stopping, runner.error_samples)
+    return BenchResult(
+        config, model, stages, runner.stopping, runner.error_samples, runner.warmup_errors
+    )
