@@ -24,6 +24,15 @@ MODEL = "narwhal-sim"
 SLOW_CALLBACK_S = 0.25
 
 
+async def _serve_router(config: Config) -> tuple[web.AppRunner, str]:
+    """The router on this test's loop, on an ephemeral loopback port; clean up the runner."""
+    runner = web.AppRunner(Router(config).app, handler_cancellation=True)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    port = next(a[1] for a in runner.addresses if isinstance(a, tuple))
+    return runner, f"http://127.0.0.1:{port}"
+
+
 async def _exercise(url: str, session: aiohttp.ClientSession, n: int) -> list[int]:
     async def one(i: int) -> int:
         body = {
@@ -43,13 +52,7 @@ async def test_the_request_path_never_blocks_the_loop(caplog: pytest.LogCaptureF
     loop = asyncio.get_running_loop()
     sim = await start_sim(SimOptions(model=MODEL, time_scale=0.0))
     config = Config(model=MODEL, engines=(EngineConfig(name="s0", url=sim.url),))
-    router = Router(config)
-    runner = web.AppRunner(router.app, handler_cancellation=True)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = next(a[1] for a in runner.addresses if isinstance(a, tuple))
-    url = f"http://127.0.0.1:{port}"
+    runner, url = await _serve_router(config)
     try:
         async with aiohttp.ClientSession() as session:
             assert set(await _exercise(url, session, 8)) == {200}  # warm-up: imports, caches
@@ -88,13 +91,7 @@ async def test_a_long_prompt_is_sized_off_the_loop(caplog: pytest.LogCaptureFixt
     ) as sim:
         loop = asyncio.get_running_loop()
         engine = EngineConfig(name="s0", url=sim.url, dialect="openai")
-        router = Router(Config(model=MODEL, engines=(engine,)))
-        runner = web.AppRunner(router.app, handler_cancellation=True)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        port = next(a[1] for a in runner.addresses if isinstance(a, tuple))
-        url = f"http://127.0.0.1:{port}"
+        runner, url = await _serve_router(Config(model=MODEL, engines=(engine,)))
         prompt = "1 " * 450_000  # 900 kB, 450,000 tokens: ~65 ms to size on the dev machine
         body = {"model": MODEL, "messages": [{"role": "user", "content": prompt}], "max_tokens": 2}
         try:
