@@ -104,6 +104,22 @@ async def test_sglang_completions_ids_and_whole_chat(
     assert set(choice["message"]) == {"role", "content", "reasoning_content", "tool_calls"}
 
 
+async def test_sglang_completion_ids_are_all_streamed(
+    sglang: RunningSim, http: aiohttp.ClientSession
+) -> None:
+    # A token without text (the reasoning marker) still has its ID on a chunk: SGLang
+    # slices each chunk's IDs from the last one it sent, so a stream holds every ID.
+    body = {"prompt": "hi #sim:reasoning", "max_tokens": 8, "stream": True}
+    streamed = await post_stream(
+        http, f"{sglang.url}/v1/completions", {**body, "return_token_ids": True}
+    )
+    _status, whole = await post_json(
+        http, f"{sglang.url}/v1/completions", {**body, "stream": False, "return_token_ids": True}
+    )
+    assert streamed.token_ids() == whole["choices"][0]["token_ids"]
+    assert len(streamed.token_ids()) == whole["usage"]["completion_tokens"] == 8
+
+
 async def test_sglang_metrics_and_errors(sglang: RunningSim, http: aiohttp.ClientSession) -> None:
     await post_json(http, f"{sglang.url}/v1/completions", {"prompt": "#sim:len=2"})
     async with http.get(f"{sglang.url}/metrics") as response:

@@ -234,9 +234,11 @@ class CompletionRoutes:
         engine = self.runtime.engine
         seq, script, shape = plan.seq, plan.script, plan.shape
         ctx = shape.ctx
-        keep_empty = ctx.logprobs or (
-            ctx.return_token_ids and (ctx.chat or self.runtime.options.dialect == "vllm")
-        )
+        # An event that only carries IDs is sent when IDs were asked for: vLLM sends its
+        # empty deltas, and SGLang's completion chunks hold every new ID (it slices its
+        # output IDs from the last sent one), so none is lost. (SGLang refuses IDs on
+        # streamed chat; openai-dialect servers have none.)
+        keep_empty = ctx.logprobs or ctx.return_token_ids
         interval = max(self.runtime.options.stream_interval, plan.parsed.body.stream_interval or 1)
         emitter = Emitter(script, interval, keep_empty=keep_empty)
         response = web.StreamResponse(headers=_SSE_HEADERS)
