@@ -45,7 +45,7 @@ from narwhal.protocol.exposure import Exposure
 from narwhal.protocol.forward import StreamCollector, StreamForwarder
 from narwhal.protocol.requests import CompletionRequest
 from narwhal.protocol.tracker import OutputTracker
-from narwhal.protocol.upstream import supplies_token_ids, upstream_body
+from narwhal.protocol.upstream import supplies_token_ids, upstream_body, writes_null_usage
 from narwhal.scheduler.registry import EngineEntry, EngineRegistry
 from narwhal.scheduler.scheduler import NoCapacity, Plan, Scheduler
 
@@ -230,6 +230,7 @@ class Dispatcher:
             token_ids=request.return_token_ids,
             usage=request.include_usage,
             continuous_usage=request.continuous_usage,
+            null_usage=writes_null_usage(client.dialect),
         )
         tracker = OutputTracker(
             request.route,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 import aiohttp
 import pytest
@@ -98,3 +99,33 @@ async def test_sglang_chat_ids_reach_clients_that_ask(sglang_sim: NarwhalProcess
         assert streamed.events()[-1] == "[DONE]"
         plain = await send(router.url, {**body, "return_token_ids": False, "stream": True})
         assert all("sglext" not in e for e in plain.events() if isinstance(e, dict))
+
+
+def _without_ids_and_times(event: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in event.items() if k not in ("id", "created")}
+
+
+@pytest.mark.parametrize("scenario", ["", "#sim:reasoning", "#sim:tool_calls"])
+@pytest.mark.parametrize("make", [chat, completion])
+async def test_sglang_answers_are_sglangs_own(
+    sglang_sim: NarwhalProcess, make: Any, scenario: str
+) -> None:
+    """A client that asked for nothing extra gets what SGLang itself would send: its
+    `"usage": null` on every chunk (SGLang writes its nulls whatever was asked), and an
+    assembled answer with the null message fields SGLang's own answer has."""
+    with router_process(fleet_config([("g0", sglang_sim, "sglang")])) as router:
+        body = make(f"Tell me a story {scenario}", max_tokens=8, seed=1, stream=True)
+        direct = await send(sglang_sim.url, body)
+        relayed = await send(router.url, body)
+        assert relayed.status == 200, relayed.raw
+        direct_events = [_without_ids_and_times(e) for e in direct.events() if isinstance(e, dict)]
+        assert [
+            _without_ids_and_times(e) for e in relayed.events() if isinstance(e, dict)
+        ] == direct_events
+        assert all(e["usage"] is None for e in direct_events)  # what the test relies on
+        assert relayed.events()[-1] == "[DONE]"
+        whole = {**body, "stream": False}
+        direct_answer = (await send(sglang_sim.url, whole)).json()
+        assembled = (await send(router.url, whole)).json()
+        assert assembled["choices"] == direct_answer["choices"]
+        assert assembled["usage"] == direct_answer["usage"]

@@ -114,6 +114,8 @@ def test_reasoning_and_reasoning_content_kept_apart() -> None:
 
 
 def test_vllm_015_reasoning_content_null_on_every_delta() -> None:
+    # The nulls are not text (nothing concatenates into a string), and the message keeps
+    # them null, as the engine's own non-streaming message has them.
     result = assemble(
         [
             chunk(delta(role="assistant", content="", reasoning=None, reasoning_content=None)),
@@ -121,7 +123,56 @@ def test_vllm_015_reasoning_content_null_on_every_delta() -> None:
             chunk(delta(content="!", reasoning_content=None, finish="stop")),
         ]
     )
-    assert message(result) == {"role": "assistant", "content": "Hi!"}
+    assert message(result) == {
+        "role": "assistant",
+        "content": "Hi!",
+        "reasoning": None,
+        "reasoning_content": None,
+    }
+
+
+def test_sglang_null_message_fields_stay_null() -> None:
+    # SGLang writes its unset fields as nulls on every delta (PROTOCOL.md §6.1); its own
+    # non-streaming message has the same keys, null.
+    nulls = {"reasoning_content": None, "tool_calls": None}
+    result = assemble(
+        [
+            chunk(delta(role="assistant", content="", **nulls)),
+            chunk(delta(content="Hi", **nulls)),
+            chunk(delta(content=None, **nulls, finish="stop")),
+        ]
+    )
+    assert message(result) == {
+        "role": "assistant",
+        "content": "Hi",
+        "reasoning_content": None,
+        "tool_calls": None,
+    }
+
+
+def test_a_value_wins_over_the_nulls_around_it() -> None:
+    result = assemble(
+        [
+            chunk(delta(role="assistant", content=None, tool_calls=None, function_call=None)),
+            chunk(
+                delta(
+                    tool_calls=[
+                        {
+                            "index": 0,
+                            "id": "c",
+                            "type": "function",
+                            "function": {"name": "f", "arguments": "{}"},
+                        }
+                    ]
+                )
+            ),
+            chunk(delta(content=None, tool_calls=None, finish="tool_calls")),
+        ]
+    )
+    got = message(result)
+    assert got["content"] is None
+    assert got["tool_calls"][0]["function"] == {"name": "f", "arguments": "{}"}
+    assert got["function_call"] is None
 
 
 def test_chat_refusal_concatenates() -> None:

@@ -310,7 +310,12 @@ def test_vllm_nulls_and_metadata_are_accepted() -> None:
         "matched_stop": None,
     }
     result = run(choice, kv_transfer_params=None, prompt_token_ids=None, metrics=None, error=None)
-    assert result["choices"][0]["message"] == {"role": "assistant", "content": "a"}
+    assert result["choices"][0]["message"] == {
+        "role": "assistant",
+        "content": "a",
+        "reasoning": None,
+        "tool_calls": None,
+    }
     assert "error" not in result  # a null error key is no metadata
 
 

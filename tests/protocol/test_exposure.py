@@ -237,6 +237,23 @@ def test_openai_null_usage_on_every_chunk() -> None:
     assert "usage" not in event
 
 
+def test_sglang_null_usage_stays_for_every_client() -> None:
+    # SGLang writes "usage": null on every chunk whatever was asked (§6.1): a client
+    # that did not ask for usage gets that null from SGLang itself.
+    sglang = Exposure(token_ids=False, usage=False, continuous_usage=False, null_usage=True)
+    event = chat_content(usage=None)
+    assert apply_exposure(event, sglang) is Exposed.CHANGED  # its IDs went
+    assert "usage" in event and event["usage"] is None
+    event = chat_content(usage=None)
+    with_ids = Exposure(token_ids=True, usage=False, continuous_usage=False, null_usage=True)
+    assert apply_exposure(event, with_ids) is Exposed.UNCHANGED
+    # Its usage itself still goes, and the usage-only chunk with it.
+    assert expose_event(usage_only(), sglang) is None
+    finishing = chat_content(usage=dict(USAGE_OBJ))
+    assert apply_exposure(finishing, sglang) is Exposed.CHANGED
+    assert "usage" not in finishing
+
+
 def test_completion_usage_rules() -> None:
     finishing = completion_first(usage=dict(USAGE_OBJ))
     finishing["choices"][0]["finish_reason"] = "length"

@@ -47,6 +47,8 @@ _HEAD: Final = ("id", "object", "created", "model")
 # only a client asking for token IDs sees (`_take_ids`).
 _NOT_METADATA: Final = TOP_LEVEL_DROPPED | {"prompt_token_ids", "sglext"}
 _DELTA_TEXT: Final = frozenset(DELTA_TEXT)
+# The message fields a delta may send as null (the role never is).
+_MESSAGE_FIELDS: Final = _DELTA_TEXT | {"tool_calls", "function_call"}
 
 
 class _Choice:
@@ -146,7 +148,7 @@ class _Choice:
 
 
 class _ChatChoice(_Choice):
-    __slots__ = ("function_call", "text", "tool_calls")
+    __slots__ = ("function_call", "nulls", "text", "tool_calls")
     output_key = "delta"
 
     def __init__(self, index: int, route: Route, keep_ids: bool) -> None:
@@ -156,6 +158,9 @@ class _ChatChoice(_Choice):
         self.text: dict[str, list[str]] = {}
         self.tool_calls = ToolCalls()
         self.function_call = FunctionCall()
+        # Message fields the deltas sent as null: the message keeps them, null, as the
+        # engine's own answer does when it writes its nulls (SGLang, PROTOCOL.md §6.1).
+        self.nulls: set[str] = set()
 
     def _output(self, delta: Any) -> None:
         if type(delta) is not dict:
@@ -163,7 +168,10 @@ class _ChatChoice(_Choice):
         text = self.text
         for key, value in delta.items():
             if value is None:
-                continue  # vLLM 0.11.1 to 0.15.1 sends reasoning_content: null on every delta
+                # (vLLM 0.11.1 to 0.15.1 sends reasoning_content: null on every delta.)
+                if key in _MESSAGE_FIELDS:
+                    self.nulls.add(key)
+                continue
             if key in _DELTA_TEXT:
                 if type(value) is not str:
                     malformed(f"delta.{key}", "a string")
@@ -188,14 +196,19 @@ class _ChatChoice(_Choice):
             "role": "assistant",
             "content": "".join(content) if content is not None else None,
         }
+        nulls = self.nulls
         for key in DELTA_TEXT[1:]:
             fragments = text.get(key)
             if fragments is not None:
                 message[key] = "".join(fragments)
+            elif key in nulls:
+                message[key] = None
         if self.tool_calls:
             message["tool_calls"] = self.tool_calls.result()
+        elif "tool_calls" in nulls:
+            message["tool_calls"] = None
         function_call = self.function_call.result()
-        if function_call is not None:
+        if function_call is not None or "function_call" in nulls:
             message["function_call"] = function_call
         if message["content"] == "" and (self.tool_calls or function_call is not None):
             # A call and no text: vLLM's own non-streaming answer has content null (its

@@ -29,6 +29,10 @@ class Exposure:
     responses always carry usage)."""
     continuous_usage: bool
     """The client asked `stream_options.continuous_usage_stats`."""
+    null_usage: bool = False
+    """The engine writes `"usage": null` on every chunk whatever the client asked
+    (SGLang dumps its chunks with their null fields, PROTOCOL.md §6.1), so a client
+    that did not ask for usage gets that null from the engine itself and keeps it."""
 
 
 class Exposed(enum.Enum):
@@ -63,7 +67,8 @@ def apply_exposure(event: dict[str, Any], exposure: Exposure) -> Exposed:
       (vLLM's `token_ids`/`prompt_token_ids`, PROTOCOL.md §1.2, §1.3; SGLang's
       non-streaming `response_token_ids`, §6.1) and SGLang's `sglext` ID chunk (§6.1).
     - Without usage: drop the `usage` key everywhere (the finishing chunk of
-      openai-dialect engines, continuous stats, OpenAI's `"usage": null`).
+      openai-dialect engines, continuous stats, OpenAI's `"usage": null`), except a
+      null one from an engine that always writes it (`null_usage`: SGLang).
     - With usage but not continuous usage: drop non-null usage except on the final
       usage carrier: a `choices: []` chunk (vLLM, PROTOCOL.md §2.2) or a chunk whose
       every choice has finished (transformers serve, §6.3).
@@ -136,7 +141,7 @@ def carries_nothing(event: dict[str, Any]) -> bool:
 
 def _hide_usage(usage: Any, choices: Any, exposure: Exposure) -> bool:
     if not exposure.usage:
-        return True
+        return usage is not None or not exposure.null_usage
     if exposure.continuous_usage or usage is None:
         # OpenAI's `"usage": null` on every chunk is what include_usage looks like there.
         return False

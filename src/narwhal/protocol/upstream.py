@@ -29,6 +29,13 @@ def supplies_token_ids(dialect: Dialect, route: str) -> bool:
     return dialect == "sglang" and route == "completion"
 
 
+def writes_null_usage(dialect: Dialect) -> bool:
+    """Whether the engine sends `"usage": null` on its chunks whatever was asked: SGLang
+    dumps them with their null fields (PROTOCOL.md §6.1); vLLM leaves the key out and
+    OpenAI sends the null only when usage was asked (§2.5)."""
+    return dialect == "sglang"
+
+
 def upstream_body(request: CompletionRequest, dialect: Dialect) -> dict[str, Any]:
     body = dict(request.body)
     body["stream"] = True
