@@ -59,6 +59,28 @@ async def test_openai_engine_non_streaming_and_accounting(openai_router: Narwhal
     assert values['narwhal_output_tokens_total{engine="o0",source="usage"}'] > 0
 
 
+@pytest.fixture(scope="module")
+def openai_sim() -> Iterator[NarwhalProcess]:
+    with sim_process("--time-scale", "0", "--dialect", "openai", "--seed", "5") as sim:
+        yield sim
+
+
+@pytest.mark.parametrize("scenario", ["", "#sim:reasoning"])
+@pytest.mark.parametrize("make", [chat, completion])
+async def test_openai_engine_answers_are_its_own(
+    openai_sim: NarwhalProcess, make: Any, scenario: str
+) -> None:
+    """An engine that leaves its nulls out (transformers serve) gets none added: the
+    assembled choices are the engine's own non-streaming ones, `logprobs` key included."""
+    with router_process(fleet_config([("o0", openai_sim, "openai")])) as router:
+        body = make(f"Tell me a story {scenario}", max_tokens=8, seed=1)
+        direct = (await send(openai_sim.url, body)).json()
+        assembled = await send(router.url, body)
+        assert assembled.status == 200, assembled.raw
+        assert "logprobs" not in direct["choices"][0]  # what the test relies on
+        assert assembled.json()["choices"] == direct["choices"]
+
+
 @pytest.mark.parametrize("stream", [True, False])
 async def test_sglang_engine_chat_and_completions(
     sglang_router: NarwhalProcess, stream: bool

@@ -681,3 +681,12 @@ def test_result_can_be_called_twice() -> None:
     assembler.add(chunk(delta(content="a", finish="stop")))
     first = assembler.result(prompt_tokens=1, completion_tokens=1)
     assert assembler.result(prompt_tokens=1, completion_tokens=1) == first
+
+
+def test_logprobs_key_only_when_the_engine_writes_it() -> None:
+    # vLLM and SGLang write `"logprobs": null` on every choice; transformers serve leaves
+    # nulls out, and its own answer has no logprobs key either.
+    with_null = assemble([chunk(delta(role="assistant", content="a", finish="stop"))])
+    assert with_null["choices"][0]["logprobs"] is None
+    bare = {"index": 0, "delta": {"content": "a"}, "finish_reason": "stop"}
+    assert "logprobs" not in assemble([chunk(bare)])["choices"][0]

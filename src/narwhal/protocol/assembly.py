@@ -56,6 +56,7 @@ class _Choice:
 
     __slots__ = (
         "finish_reason",
+        "has_logprobs",
         "has_stop_reason",
         "index",
         "keep_ids",
@@ -75,6 +76,7 @@ class _Choice:
         self.finish_reason: str | None = None
         self.stop_reason: int | str | None = None
         self.has_stop_reason = False
+        self.has_logprobs = False  # the engine writes the key (vLLM, SGLang: null if unset)
         self.token_ids: list[int] | None = None
         self.prompt_token_ids: list[int] | None = None
         self.metadata: dict[str, Any] = {}
@@ -88,9 +90,9 @@ class _Choice:
                 if value is not None:
                     self._output(value)
             elif value is None:
-                # null is "not sent" (PROTOCOL.md §1.2), but a null stop_reason or
-                # metadata key still tells that the engine has the field.
-                if key == "stop_reason" or key in self.metadata_keys:
+                # null is "not sent" (PROTOCOL.md §1.2), but a null stop_reason, logprobs
+                # or metadata key still tells that the engine has the field.
+                if key == "stop_reason" or key == "logprobs" or key in self.metadata_keys:
                     self._common(key, value)
             elif key != "index" and (key != "token_ids" or self.keep_ids):
                 self._common(key, value)
@@ -101,6 +103,7 @@ class _Choice:
     def _common(self, key: str, value: Any) -> None:
         """A choice key shared by both routes."""
         if key == "logprobs":
+            self.has_logprobs = True
             if value is not None:
                 self.logprobs.add(value)
         elif key == "finish_reason":
@@ -136,7 +139,9 @@ class _Choice:
             raise EngineOutputError(
                 f"engine stream ended before choice {self.index} finished (no finish_reason)"
             )
-        out["logprobs"] = self.logprobs.result()
+        if self.has_logprobs:
+            # (An engine that leaves nulls out, as transformers serve does, has no key.)
+            out["logprobs"] = self.logprobs.result()
         out["finish_reason"] = self.finish_reason
         if self.has_stop_reason:
             out["stop_reason"] = self.stop_reason
