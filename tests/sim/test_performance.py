@@ -57,7 +57,10 @@ async def test_ttft_grows_with_queue_depth(sim_factory: Any, http: aiohttp.Clien
     body = chat_body(LONG_PROMPT, stream=True, max_tokens=2)
     results = await asyncio.gather(*(_timed_stream(http, sim.url, body) for _ in range(4)))
     ttfts = sorted(ttft for ttft, _ in results)
-    assert ttfts[-1] > 2.5 * ttfts[0]
+    # Queued one after another, the last waits for three other prefills (~0.54 s more
+    # than the first). A difference, not a ratio: a hiccup that slows the first request
+    # on a busy machine (seen once in CI-like runs) must not pass for a model error.
+    assert ttfts[-1] - ttfts[0] > 0.35
 
 
 async def test_tpot_grows_with_running_sequences(
