@@ -119,6 +119,9 @@ class Dispatcher:
         return None if self.scheduler.has_path() else "no_engines"
 
     def engine_report(self) -> list[dict[str, Any]]:
+        # The loads take the engines' scrapes only when a request is placed: without this
+        # the report would show the load of the last placement after traffic stops.
+        self._refresh_engine_loads()
         now = time.monotonic()
         report = []
         for entry in self.registry.entries.values():

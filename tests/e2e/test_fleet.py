@@ -219,3 +219,33 @@ async def test_an_engine_serving_another_model_is_not_eligible(start: Start) -> 
         assert engines["wrong"]["monitoring"]["serves_model"] is False
         replies = await asyncio.gather(*(send(router.url, chat(f"m{i}")) for i in range(6)))
         assert [r.status for r in replies] == [200] * 6
+
+
+async def test_reported_costs_follow_the_engines_after_traffic_stops(start: Start) -> None:
+    """/admin/engines shows what the engines run now: the load an engine reported while
+    requests were placed does not stay in its cost once they are gone."""
+    sim = start(sim_process("--decode-base-ms", "200"))  # 4 tokens: about 0.8 s running
+    router = start(router_process(config_for([engine("a", sim)])))
+    long = [
+        asyncio.create_task(send(router.url, chat(f"wait {i}", max_tokens=4, ignore_eos=True)))
+        for i in range(4)
+    ]
+    # Placed while the engine's scrape says 4 running: its cost then counts them.
+    assert await until(lambda: _engine_reports_running(sim, 4))
+    await asyncio.sleep(0.3)  # a probe interval or more: the router's scrape sees them
+    assert (await send(router.url, chat("quick", max_tokens=2))).status == 200
+    assert all(reply.status == 200 for reply in await asyncio.gather(*long))
+    assert await until(lambda: _engine_reports_running(sim, 0))
+
+    async def idle() -> bool:
+        return (await engines_by_name(router))["a"]["scores"]["cost"] == 0
+
+    assert await until(idle, timeout=3.0)
+
+
+async def _engine_reports_running(sim: NarwhalProcess, count: int) -> bool:
+    values = await metrics_of(sim.url)
+    return any(
+        key.startswith("vllm:num_requests_running") and value == count
+        for key, value in values.items()
+    )
