@@ -17,7 +17,7 @@ from narwhal.api.body import BodyIncomplete, read_limited_body
 from narwhal.api.request_id import HEADER as REQUEST_ID_HEADER
 from narwhal.api.request_id import current_request_id
 from narwhal.api.responses import error_response
-from narwhal.api.service import ClientGone, CompletionService, RequestContext
+from narwhal.api.service import CompletionService, RequestContext
 from narwhal.config import Config
 from narwhal.errors import InvalidRequest, NarwhalError, RouterUnavailable
 from narwhal.metrics import RouterMetrics
@@ -92,7 +92,7 @@ class CompletionFront:
             outcome = "invalid"
             metrics.invalid_requests.inc()
             return error_response(InvalidRequest("The request body ended early."), request_id)
-        except (ClientGone, ConnectionError, asyncio.CancelledError):
+        except (ConnectionError, asyncio.CancelledError):
             outcome = "client_gone"
             if not sized:
                 metrics.unsized_offered.inc()

@@ -23,10 +23,6 @@ class RequestContext:
     prompt_tokens: int  # workload sizing
 
 
-class ClientGone(Exception):
-    """The client went away (disconnect while the response was being written)."""
-
-
 class CompletionService(Protocol):
     async def serve(
         self, request: CompletionRequest, context: RequestContext, http: web.Request
@@ -35,8 +31,8 @@ class CompletionService(Protocol):
 
         Before response headers, failures are raised as NarwhalError (the front renders
         them with their status); after headers the service ends the stream itself and
-        reports the outcome. A client that went away raises ClientGone (or the task is
-        cancelled).
+        reports the outcome (`client_gone` when the client left while it was written;
+        a disconnect may also cancel the task).
         """
         ...
 

@@ -21,7 +21,6 @@ from typing import Final, cast
 from aiohttp import web
 
 from narwhal.api.request_id import HEADER as REQUEST_ID_HEADER
-from narwhal.api.service import ClientGone
 from narwhal.engines.stream import EngineStream, TruncatedStream
 from narwhal.errors import NarwhalError, TerminalExpiry
 
@@ -78,8 +77,11 @@ async def relay_stream(
             await response.write_eof(stream.flush() + expiry.sse_event())
             return response, expiry.outcome
         await response.write_eof(payload + stream.flush() + _DONE_EVENT)
-    except ConnectionError as e:
-        raise ClientGone(str(e)) from e
+    except ConnectionError:
+        # The client went away while its stream was written (before the disconnect
+        # cancelled this handler, or where nothing cancels it). Nobody is left to
+        # answer: aiohttp finishes the response quietly, the outcome says why.
+        return response, "client_gone"
     return response, "completed"
 
 
