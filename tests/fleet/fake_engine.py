@@ -33,6 +33,7 @@ class FakeEngine:
         self.metrics = "ok"
         self.health_body = ""
         self.metrics_text = VLLM_PAGE
+        self.version: str | None = None  # GET /version: {"version": ...}, or 404 when None
         self.hits: collections.Counter[str] = collections.Counter()
         self.port = 0
         self._runner: web.AppRunner | None = None
@@ -46,6 +47,7 @@ class FakeEngine:
         app = web.Application()
         app.router.add_get("/health", self._health)
         app.router.add_get("/metrics", self._metrics)
+        app.router.add_get("/version", self._version)
         # A short shutdown_timeout: hanging handlers are released on stop anyway.
         self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.5)
         await self._runner.setup()
@@ -67,6 +69,12 @@ class FakeEngine:
     async def _metrics(self, request: web.Request) -> web.Response:
         self.hits["/metrics"] += 1
         return await self._answer(self.metrics, self.metrics_text, "text/plain")
+
+    async def _version(self, request: web.Request) -> web.Response:
+        self.hits["/version"] += 1
+        if self.version is None:
+            return web.Response(status=404, text="no")
+        return web.json_response({"version": self.version})
 
     async def _answer(self, behaviour: str, body: str, content_type: str) -> web.Response:
         if behaviour == "hang":

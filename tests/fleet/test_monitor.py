@@ -72,6 +72,8 @@ async def test_start_checks_every_engine_before_returning(
         "scrape_age_s": None,
         "metrics": "ok",
         "serves_model": None,  # no model configured for this monitor: not checked
+        "version": None,  # this engine has no /version
+        "supplies_token_ids": None,
     }
     assert not monitor.monitoring_degraded()
 
@@ -369,3 +371,62 @@ async def test_duplicate_engine_names_are_refused(session: aiohttp.ClientSession
             session,
             CollectorRegistry(),
         )
+
+
+@pytest.mark.parametrize(
+    ("version", "supplies"),
+    [
+        ("0.33.0", True),
+        ("0.10.2rc1", True),
+        ("0.10.1.1", False),  # before return_token_ids
+        ("0.9.2+cu126", False),
+        ("dev-build", None),  # unreadable: its requests will tell
+        ("0.0.0-mock", None),  # a placeholder, not a release
+    ],
+)
+async def test_a_vllm_too_old_for_token_ids_is_reported(
+    make_monitor: MonitorFactory,
+    fake_engine: FakeEngine,
+    caplog: pytest.LogCaptureFixture,
+    version: str,
+    supplies: bool | None,
+) -> None:
+    fake_engine.version = version
+    monitor = make_monitor([engine("e0", fake_engine.url)], SLOW)
+    with caplog.at_level(logging.WARNING, logger="narwhal.fleet.monitor"):
+        await monitor.start()
+    # Told, not acted on: a wrong guess must not take a working engine out of placement.
+    assert monitor.is_placeable("e0")
+    report = monitor.report("e0", time.monotonic())
+    assert report["version"] == version and report["supplies_token_ids"] is supplies
+    warned = [r.getMessage() for r in caplog.records if "sends no token IDs" in r.getMessage()]
+    assert bool(warned) is (supplies is False)
+    if warned:
+        assert "dialect: openai" in warned[0]
+
+
+async def test_only_vllm_engines_are_asked_their_version(
+    make_monitor: MonitorFactory, fake_engine: FakeEngine
+) -> None:
+    fake_engine.version = "0.9.2"  # an openai-dialect server may have any /version
+    monitor = make_monitor([engine("e0", fake_engine.url, dialect="openai")], SLOW)
+    await monitor.start()
+    assert monitor.is_placeable("e0")
+    assert fake_engine.hits["/version"] == 0
+
+
+async def test_the_version_is_read_again_when_the_engine_comes_back(
+    make_monitor: MonitorFactory, fake_engine: FakeEngine
+) -> None:
+    fake_engine.version = "0.9.2"
+    monitor = make_monitor([engine("e0", fake_engine.url)], fleet(interval=0.05))
+    await monitor.start()
+    assert monitor.report("e0", time.monotonic())["supplies_token_ids"] is False
+    await fake_engine.stop()
+    await wait_for(lambda: monitor.health("e0").status == "down", within=5.0)
+    fake_engine.version = "0.33.0"  # upgraded while it was down
+    await fake_engine.start()
+    await wait_for(lambda: monitor.is_placeable("e0"), within=5.0)
+    report = monitor.report("e0", time.monotonic())
+    assert report["version"] == "0.33.0" and report["supplies_token_ids"] is True
+    await monitor.close()

@@ -22,9 +22,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+import re
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Final
 
 import aiohttp
 from prometheus_client import CollectorRegistry
@@ -32,11 +33,20 @@ from prometheus_client import CollectorRegistry
 from narwhal.config import EngineConfig, FleetConfig
 from narwhal.fleet.backoff import next_delay
 from narwhal.fleet.metrics import FleetMetrics
-from narwhal.fleet.probe import check_health, list_models, scrape_metrics
+from narwhal.fleet.probe import check_health, engine_version, list_models, scrape_metrics
 from narwhal.fleet.scrape import EngineScrape
 from narwhal.fleet.state import EngineHealth, HealthCheck, MetricsFailure, ScrapeResult
 
 log = logging.getLogger(__name__)
+# vLLM's first release with `return_token_ids` (PROTOCOL.md §1).
+_FIRST_WITH_TOKEN_IDS: Final = (0, 10, 2)
+_RELEASE = re.compile(r"(\d+)\.(\d+)\.(\d+)")
+
+
+def _release(version: str) -> tuple[int, ...] | None:
+    """(major, minor, patch) of a version string such as "0.10.2rc1" or "0.33.0+cu128"."""
+    match = _RELEASE.match(version)
+    return None if match is None else tuple(int(part) for part in match.groups())
 
 
 class _Engine:
@@ -139,6 +149,8 @@ class FleetMonitor:
             "scrape_age_s": None if age is None else round(age, 3),
             "metrics": state.metrics_state(),
             "serves_model": state.serves_model,
+            "version": state.version,
+            "supplies_token_ids": state.supplies_token_ids,
         }
 
     # --- the probe loop ----------------------------------------------------------------
@@ -173,8 +185,11 @@ class FleetMonitor:
         state.record_health(health, now)
         if health is not HealthCheck.OK:
             self._metrics.count_failure(name, "health")
-        elif self._model is not None and (was_status != "up" or state.serves_model is None):
-            await self._check_model(engine)
+        else:
+            if self._model is not None and (was_status != "up" or state.serves_model is None):
+                await self._check_model(engine)
+            if engine.config.dialect == "vllm" and was_status != "up":
+                await self._check_version(engine)  # (a restart may have changed it)
         if scrape is not None:
             state.record_scrape(scrape, now)
             if isinstance(scrape, MetricsFailure) and state.metrics_supported is not False:
@@ -197,6 +212,30 @@ class FleetMonitor:
                 ", ".join(sorted(models)) or "nothing",
             )
         engine.state.serves_model = serves
+
+    async def _check_version(self, engine: _Engine) -> None:
+        """A vLLM older than `return_token_ids` sends no IDs (PROTOCOL.md: the dialect
+        must work with 0.10.2+, and an engine that sends no IDs is not fine), so every
+        request placed there fails: say so, and what to do, when it comes up."""
+        version = await engine_version(self._session, engine.base_url, self._timeout)
+        engine.state.version = version
+        engine.state.supplies_token_ids = None
+        if version is None:
+            return  # cannot tell: leave it placeable, ask again next time it comes up
+        release = _release(version)
+        if release is None or release == (0, 0, 0):
+            return  # a build we cannot read (or a placeholder): its requests will tell
+        engine.state.supplies_token_ids = release >= _FIRST_WITH_TOKEN_IDS
+        if not engine.state.supplies_token_ids:
+            log.warning(
+                "fleet: engine %s runs vLLM %s, which sends no token IDs (return_token_ids "
+                "came in %s): every request placed there will fail its token-ID check. "
+                "Give it dialect: openai to serve through it without token accounting, "
+                "or upgrade it.",
+                engine.config.name,
+                version,
+                ".".join(map(str, _FIRST_WITH_TOKEN_IDS)),
+            )
 
     async def _check(self, engine: _Engine) -> HealthCheck:
         try:

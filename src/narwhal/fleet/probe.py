@@ -90,3 +90,21 @@ async def list_models(
     if not isinstance(data, list):
         return None
     return frozenset(m["id"] for m in data if isinstance(m, dict) and isinstance(m.get("id"), str))
+
+
+async def engine_version(
+    session: aiohttp.ClientSession, base_url: str, per_request: aiohttp.ClientTimeout
+) -> str | None:
+    """The engine's GET /version (vLLM: `{"version": "0.33.0"}`), or None when it cannot
+    tell."""
+    try:
+        async with session.get(
+            base_url + "/version", timeout=per_request, raise_for_status=False
+        ) as response:
+            if response.status != 200:
+                return None
+            body = await response.json(content_type=None)
+    except (TimeoutError, aiohttp.ClientError, OSError, ValueError):
+        return None
+    version = body.get("version") if isinstance(body, dict) else None
+    return version if isinstance(version, str) else None

@@ -80,6 +80,13 @@ class EngineHealth:
     # Whether GET /v1/models lists the configured model: None while unknown (not checked,
     # or the engine has no usable list), False keeps the engine out of placement.
     serves_model: bool | None = None
+    # The version from GET /version (vLLM), once read: None while unknown.
+    version: str | None = None
+    # False for a vLLM older than return_token_ids (0.10.2): it sends no token IDs, so
+    # every request placed there fails its token-ID check. None: not known. Only told
+    # (a warning, /admin/engines), not acted on: a custom build's version string could
+    # be wrong, and a wrong guess must not take a working engine out of placement.
+    supplies_token_ids: bool | None = None
 
     @property
     def healthy(self) -> bool:
