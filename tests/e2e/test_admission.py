@@ -8,8 +8,10 @@ queues and timeouts happen deterministically.
 from __future__ import annotations
 
 import asyncio
+import json
 import random
 import signal
+import socket
 from collections.abc import Iterator
 from typing import Any
 
@@ -146,6 +148,39 @@ async def test_request_deadline_while_streaming_ends_with_an_error_event(
         assert events[-1]["error"]["code"] == "terminal_expiry"
         values = await assert_all_released(router)
         assert values['narwhal_expired_total{stage="deadline_streaming"}'] == 1
+
+
+async def test_a_client_that_stops_reading_is_released_at_its_deadline(
+    sim: NarwhalProcess,
+) -> None:
+    """A streaming client that takes nothing more (its socket buffers full) cannot hold
+    its slots past its deadline: the stream is cut there and counted as expired."""
+    body = json.dumps(chat("#sim:long a", stream=True, max_tokens=20000, ignore_eos=True)).encode()
+    with router_process(config_for(sim)) as router:
+        host, port = router.url.removeprefix("http://").split(":")
+        reader, writer = await asyncio.open_connection(host, int(port))
+        sock = writer.get_extra_info("socket")
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        writer.transport.pause_reading()  # and never reads again
+        writer.write(
+            b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
+            b"Content-Type: application/json\r\nX-Request-Timeout: 1\r\n"
+            b"Content-Length: %d\r\n\r\n%s" % (len(body), body)
+        )
+        try:
+            await wait_for(router, "narwhal_decode_slots_in_use", 1)
+            values = await settle(
+                router.url,
+                lambda v: v['narwhal_outcomes_total{outcome="expired"}'] == 1,
+                timeout=6,
+            )
+            assert values['narwhal_outcomes_total{outcome="expired"}'] == 1
+            assert values['narwhal_expired_total{stage="deadline_streaming"}'] == 1
+            for gauge in GAUGES:
+                assert values[gauge] == 0, gauge
+        finally:
+            writer.close()
+        del reader
 
 
 async def test_client_disconnect_releases_everything_and_cancels_upstream(

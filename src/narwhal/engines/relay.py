@@ -70,19 +70,50 @@ async def relay_stream(
                 first if stream.done else await _until_end(http, response, stream, first, deadline)
             )
         except NarwhalError as error:
-            await response.write_eof(stream.flush() + error.sse_event())
+            await _write_last(http, response, stream.flush() + error.sse_event(), deadline)
             return response, error.outcome
         except TimeoutError:
             expiry = TerminalExpiry("The request deadline expired while streaming.")
-            await response.write_eof(stream.flush() + expiry.sse_event())
+            await _write_last(http, response, stream.flush() + expiry.sse_event(), deadline)
             return response, expiry.outcome
-        await response.write_eof(payload + stream.flush() + _DONE_EVENT)
+        if not await _write_last(http, response, payload + stream.flush() + _DONE_EVENT, deadline):
+            return response, "expired"  # the client took nothing more until its deadline
     except ConnectionError:
         # The client went away while its stream was written (before the disconnect
         # cancelled this handler, or where nothing cancels it). Nobody is left to
         # answer: aiohttp finishes the response quietly, the outcome says why.
         return response, "client_gone"
     return response, "completed"
+
+
+async def _write_last(
+    http: web.Request, response: web.StreamResponse, data: bytes, deadline: float
+) -> bool:
+    """End the response with `data`; False when the client was cut off instead.
+
+    A client that has stopped reading would keep this write waiting, and its slots held,
+    for ever: it gets until its deadline, and once that has passed it is cut off at once
+    (the connection aborted, which no client can take for a complete stream). A client
+    that takes its bytes as they come, the usual case, is written to without a timer.
+    (Waiting again after a deadline interrupted aiohttp's drain would not work anyway:
+    aiohttp keeps the cancelled drain waiter, and the next drain raises CancelledError.)
+    """
+    transport = cast("asyncio.WriteTransport | None", http.transport)
+    if transport is None:
+        raise ConnectionResetError("the client closed the connection")
+    _, high = transport.get_write_buffer_limits()
+    if not http.protocol.writing_paused and transport.get_write_buffer_size() + len(data) <= high:
+        await response.write_eof(data)  # cannot wait: writing is on and stays on
+        return True
+    try:
+        if asyncio.get_running_loop().time() >= deadline:
+            raise TimeoutError
+        async with asyncio.timeout_at(deadline):
+            await response.write_eof(data)
+    except TimeoutError:
+        transport.abort()
+        return False
+    return True
 
 
 async def _until_end(
