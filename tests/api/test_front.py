@@ -213,6 +213,34 @@ async def test_truncated_body_counts_unsized_offered(router: NarwhalProcess) -> 
     assert after[gone] == before[gone] + 1
 
 
+async def test_a_body_that_stops_arriving_expires_at_the_deadline(router: NarwhalProcess) -> None:
+    """The request deadline covers the body too: a client that sends part of it and then
+    nothing gets 504 terminal_expiry at its deadline instead of holding the request open."""
+    before = await metric_values(router.url)
+    host, port = _address(router.url)
+    reader, writer = await asyncio.open_connection(host, port)
+    writer.write(
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b'X-Request-Timeout: 0.5\r\nContent-Length: 200\r\n\r\n{"model": "front'
+    )
+    await writer.drain()
+    try:
+        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
+        assert head.startswith(b"HTTP/1.1 504"), head
+        length = int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
+        body = json.loads(await reader.readexactly(length))
+        assert body["error"]["code"] == "terminal_expiry"
+    finally:
+        writer.close()
+    after = await metric_values(router.url)
+    assert after["narwhal_offered_total"] == before["narwhal_offered_total"] + 1
+    assert after["narwhal_unsized_offered_total"] == before["narwhal_unsized_offered_total"] + 1
+    expired = 'narwhal_outcomes_total{outcome="expired"}'
+    assert after[expired] == before[expired] + 1
+    stage = 'narwhal_expired_total{stage="deadline_before_headers"}'
+    assert after[stage] == before[stage] + 1
+
+
 async def test_request_id_is_echoed_when_sane_and_generated_otherwise(
     router: NarwhalProcess,
 ) -> None:

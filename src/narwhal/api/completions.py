@@ -13,13 +13,13 @@ import time
 
 from aiohttp import web
 
-from narwhal.api.body import BodyIncomplete, read_limited_body
+from narwhal.api.body import BodyIncomplete, BodyLate, read_limited_body
 from narwhal.api.request_id import HEADER as REQUEST_ID_HEADER
 from narwhal.api.request_id import current_request_id
 from narwhal.api.responses import error_response
 from narwhal.api.service import CompletionService, RequestContext
 from narwhal.config import Config
-from narwhal.errors import InvalidRequest, NarwhalError, RouterUnavailable
+from narwhal.errors import InvalidRequest, NarwhalError, RouterUnavailable, TerminalExpiry
 from narwhal.metrics import RouterMetrics
 from narwhal.protocol.requests import Route, parse_request
 from narwhal.sizing import PromptSizer
@@ -60,7 +60,7 @@ class CompletionFront:
         sized = False
         try:
             deadline = arrived + self._timeout(http)
-            raw = await read_limited_body(http, self._config.serving.max_request_bytes)
+            raw = await read_limited_body(http, self._config.serving.max_request_bytes, deadline)
             parsed = parse_request(raw, route, model=self._config.model)
             reason = self._state.unavailable_reason()
             if reason is not None:
@@ -85,6 +85,12 @@ class CompletionFront:
             if error.outcome == "invalid":
                 metrics.invalid_requests.inc()
             return error_response(error, request_id)
+        except BodyLate:
+            metrics.unsized_offered.inc()
+            metrics.expired.labels("deadline_before_headers").inc()
+            expiry = TerminalExpiry("The request deadline expired before the body arrived.")
+            outcome = expiry.outcome
+            return error_response(expiry, request_id)
         except BodyIncomplete:
             metrics.unsized_offered.inc()
             if http.transport is None or http.transport.is_closing():
