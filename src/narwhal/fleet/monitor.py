@@ -221,7 +221,7 @@ class FleetMonitor:
         engine.state.version = version
         engine.state.supplies_token_ids = None
         if version is None:
-            return  # cannot tell: leave it placeable, ask again next time it comes up
+            return  # cannot tell (no /version): ask again next time it comes up
         release = _release(version)
         if release is None or release == (0, 0, 0):
             return  # a build we cannot read (or a placeholder): its requests will tell
