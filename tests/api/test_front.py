@@ -191,15 +191,24 @@ async def test_chunked_body_over_limit_is_413(router: NarwhalProcess) -> None:
     writer.close()
 
 
-async def test_truncated_body_counts_unsized_offered(router: NarwhalProcess) -> None:
-    before = await metric_values(router.url)
+async def _send_part_of_a_body(
+    router: NarwhalProcess, extra_headers: bytes = b""
+) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """A request that declares a 200-byte body and sends 16 bytes of it."""
     host, port = _address(router.url)
-    _, writer = await asyncio.open_connection(host, port)
+    reader, writer = await asyncio.open_connection(host, port)
     writer.write(
         b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-        b'Content-Length: 200\r\n\r\n{"model": "front'
+        + extra_headers
+        + b'Content-Length: 200\r\n\r\n{"model": "front'
     )
     await writer.drain()
+    return reader, writer
+
+
+async def test_truncated_body_counts_unsized_offered(router: NarwhalProcess) -> None:
+    before = await metric_values(router.url)
+    _, writer = await _send_part_of_a_body(router)
     await asyncio.sleep(0.2)
     writer.close()
     for _ in range(50):
@@ -217,13 +226,7 @@ async def test_a_body_that_stops_arriving_expires_at_the_deadline(router: Narwha
     """The request deadline covers the body too: a client that sends part of it and then
     nothing gets 504 terminal_expiry at its deadline instead of holding the request open."""
     before = await metric_values(router.url)
-    host, port = _address(router.url)
-    reader, writer = await asyncio.open_connection(host, port)
-    writer.write(
-        b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-        b'X-Request-Timeout: 0.5\r\nContent-Length: 200\r\n\r\n{"model": "front'
-    )
-    await writer.drain()
+    reader, writer = await _send_part_of_a_body(router, b"X-Request-Timeout: 0.5\r\n")
     try:
         head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
         assert head.startswith(b"HTTP/1.1 504"), head

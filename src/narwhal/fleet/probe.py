@@ -77,15 +77,7 @@ async def list_models(
     session: aiohttp.ClientSession, base_url: str, per_request: aiohttp.ClientTimeout
 ) -> frozenset[str] | None:
     """The model ids of the engine's GET /v1/models, or None when it cannot tell."""
-    try:
-        async with session.get(
-            base_url + "/v1/models", timeout=per_request, raise_for_status=False
-        ) as response:
-            if response.status != 200:
-                return None
-            body = await response.json(content_type=None)
-    except (TimeoutError, aiohttp.ClientError, OSError, ValueError):
-        return None
+    body = await _get_json(session, base_url + "/v1/models", per_request)
     data = body.get("data") if isinstance(body, dict) else None
     if not isinstance(data, list):
         return None
@@ -97,14 +89,20 @@ async def engine_version(
 ) -> str | None:
     """The engine's GET /version (vLLM: `{"version": "0.33.0"}`), or None when it cannot
     tell."""
-    try:
-        async with session.get(
-            base_url + "/version", timeout=per_request, raise_for_status=False
-        ) as response:
-            if response.status != 200:
-                return None
-            body = await response.json(content_type=None)
-    except (TimeoutError, aiohttp.ClientError, OSError, ValueError):
-        return None
+    body = await _get_json(session, base_url + "/version", per_request)
     version = body.get("version") if isinstance(body, dict) else None
     return version if isinstance(version, str) else None
+
+
+async def _get_json(
+    session: aiohttp.ClientSession, url: str, per_request: aiohttp.ClientTimeout
+) -> object:
+    """The JSON body of a 200 answer to GET `url`, or None for anything else."""
+    try:
+        async with session.get(url, timeout=per_request, raise_for_status=False) as response:
+            if response.status != 200:
+                return None
+            body: object = await response.json(content_type=None)
+            return body
+    except (TimeoutError, aiohttp.ClientError, OSError, ValueError):
+        return None
