@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from collections.abc import Iterator
 from typing import Any
 
 import aiohttp
 import pytest
+from aiohttp import web
 
-from tests.e2e.conftest import chat, completion, fleet_config, metrics_of, send, sim_process
+from tests.e2e.conftest import MODEL, chat, completion, fleet_config, metrics_of, send, sim_process
 from tests.processes import NarwhalProcess, router_process
 
 
@@ -151,3 +154,53 @@ async def test_sglang_answers_are_sglangs_own(
         assembled = (await send(router.url, whole)).json()
         assert assembled["choices"] == direct_answer["choices"]
         assert assembled["usage"] == direct_answer["usage"]
+
+
+async def test_a_server_that_does_not_stream_gets_a_clear_502() -> None:
+    """Narwhal always asks for a stream; a server that ignores `stream: true` and answers
+    one JSON body fails the attempt with a message that says so."""
+
+    async def whole_answer(request: web.Request) -> web.Response:
+        return web.json_response(
+            {
+                "id": "x",
+                "object": "chat.completion",
+                "created": 1,
+                "model": MODEL,
+                "choices": [
+                    {
+                        "index": 0,
+                        "message": {"role": "assistant", "content": "hi"},
+                        "finish_reason": "stop",
+                    }
+                ],
+            }
+        )
+
+    async def health(request: web.Request) -> web.Response:
+        return web.Response(text="ok")
+
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", whole_answer)
+    app.router.add_get("/health", health)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    port = next(a[1] for a in runner.addresses if isinstance(a, tuple))
+    config = {
+        "model": MODEL,
+        "admission": {"mode": "open"},
+        "engines": [{"name": "j", "url": f"http://127.0.0.1:{port}", "dialect": "openai"}],
+    }
+    try:
+        with contextlib.ExitStack() as stack:
+            # Started off the loop: the router probes this loop's server while it starts.
+            router = await asyncio.to_thread(stack.enter_context, router_process(config))
+            for stream in (True, False):
+                reply = await send(router.url, chat("hi", stream=stream, max_tokens=3))
+                assert reply.status == 502
+                error = reply.json()["error"]
+                assert error["code"] == "upstream_error"
+                assert "not an event stream" in error["message"]
+    finally:
+        await runner.cleanup()

@@ -20,7 +20,7 @@ import msgspec
 from narwhal.config import EngineConfig
 from narwhal.engines.upstream import UpstreamPool, UpstreamResponse
 from narwhal.errors import InvalidRequest, UpstreamError
-from narwhal.protocol.events import engine_error
+from narwhal.protocol.events import EngineOutputError, engine_error
 from narwhal.protocol.requests import Route
 
 PATHS: dict[Route, str] = {"chat": "/v1/chat/completions", "completion": "/v1/completions"}
@@ -82,6 +82,14 @@ class EngineClient:
         """POST the body; the response once its status is 200, else a mapped error."""
         response = await self._post(route, body, request_id, authorization)
         if response.status == 200:
+            if response.headers.get("content-type", "").startswith("application/json"):
+                # A server that ignores `stream: true` answers one JSON body: there are no
+                # events to relay or validate, and the client should hear why.
+                response.release()
+                raise EngineOutputError(
+                    f"engine {self.name} answered one JSON body, not an event stream "
+                    "(it does not stream, and Narwhal always asks engines for a stream)"
+                )
             return response
         try:
             raise await self._status_error(response)
