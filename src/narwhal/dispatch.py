@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 from typing import Any
 
@@ -49,6 +50,7 @@ from narwhal.protocol.upstream import supplies_token_ids, upstream_body, writes_
 from narwhal.scheduler.registry import EngineEntry, EngineRegistry
 from narwhal.scheduler.scheduler import NoCapacity, Plan, Scheduler
 
+log = logging.getLogger(__name__)
 _DRAIN_TIMEOUT_S = 1.0
 # Failures another placement may not repeat: engine down, engine error, bad output.
 _RETRYABLE = (EngineUnavailable, EngineError, EngineOutputError, TruncatedStream)
@@ -180,7 +182,8 @@ class Dispatcher:
     ) -> tuple[web.StreamResponse, str]:
         tried: set[str] = set()
         last_error: UpstreamError | None = None
-        for _ in range(self._config.fleet.max_attempts):
+        attempts = self._config.fleet.max_attempts
+        for attempt in range(1, attempts + 1):
             plan = await self._plan(context.prompt_tokens, tried, deadline)
             if plan is None:
                 break
@@ -189,6 +192,16 @@ class Dispatcher:
                 return await self._attempt(request, context, http, ticket, deadline, plan)
             except _RETRYABLE as error:
                 last_error = error
+                # The client hears only the last failure; the operator hears each one.
+                log.warning(
+                    "request %s: attempt %d of %d on engine %s failed before the response "
+                    "started: %s",
+                    context.request_id,
+                    attempt,
+                    attempts,
+                    plan.decode.config.name,
+                    error.message,
+                )
         if last_error is not None:
             raise UpstreamError(f"The engines failed this request: {last_error.message}")
         raise BackendUnavailable("No placement-eligible engine serves this request.")

@@ -70,6 +70,12 @@ async def relay_stream(
                 first if stream.done else await _until_end(http, response, stream, first, deadline)
             )
         except NarwhalError as error:
+            log.warning(
+                "request %s: the stream from engine %s failed after the response started: %s",
+                request_id,
+                stream.engine_name,
+                error.message,
+            )
             await _write_last(http, response, stream.flush() + error.sse_event(), deadline)
             return response, error.outcome
         except TimeoutError:

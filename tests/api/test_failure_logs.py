@@ -1,0 +1,68 @@
+"""An engine failure is logged for the operator: which request, which engine, and why.
+
+The client gets only the last failure (a 502 before the response starts, an error event
+after it); the log keeps every attempt. The router and a simulated engine run in this
+process so the test reads the router's log records directly.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import aiohttp
+import pytest
+from aiohttp import web
+
+from narwhal.config import Config, EngineConfig, FleetConfig
+from narwhal.router import Router
+from narwhal.sim import SimOptions, start_sim
+
+MODEL = "narwhal-sim"
+
+
+async def test_every_failed_attempt_is_logged_with_its_request_and_engine(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    sims = [await start_sim(SimOptions(model=MODEL, time_scale=0.0)) for _ in range(2)]
+    config = Config(
+        model=MODEL,
+        engines=tuple(EngineConfig(name=f"s{i}", url=sim.url) for i, sim in enumerate(sims)),
+        fleet=FleetConfig(max_attempts=2),
+    )
+    runner = web.AppRunner(Router(config).app, handler_cancellation=True)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    port = next(a[1] for a in runner.addresses if isinstance(a, tuple))
+    url = f"http://127.0.0.1:{port}/v1/chat/completions"
+
+    async def post(content: str, request_id: str) -> tuple[int, bytes]:
+        body = {
+            "model": MODEL,
+            "messages": [{"role": "user", "content": content}],
+            "max_tokens": 8,
+            "stream": True,
+        }
+        async with aiohttp.ClientSession() as session:
+            async with session.post(url, json=body, headers={"X-Request-Id": request_id}) as r:
+                return r.status, await r.read()
+
+    try:
+        with caplog.at_level(logging.WARNING, logger="narwhal"):
+            before, _ = await post("#sim:http_500 hi", "req-before")
+            # The first tokens go out (and the response starts) before the stall.
+            after, events = await post("#sim:stall=0.2 #sim:error_midstream=4 hi", "req-after")
+    finally:
+        await runner.cleanup()
+        for sim in sims:
+            await sim.close()
+    assert before == 502
+    assert after == 200 and b'"error"' in events
+    messages = [r.getMessage() for r in caplog.records]
+    # Two attempts, one on each engine: both failures are there, each with its engine.
+    attempts = sorted(m for m in messages if m.startswith("request req-before: attempt"))
+    assert len(attempts) == 2, messages
+    assert {m.split(" on engine ")[1][:2] for m in attempts} == {"s0", "s1"}
+    assert all("answered 500" in m for m in attempts), attempts
+    (streamed,) = [m for m in messages if m.startswith("request req-after:")]
+    assert "failed after the response started" in streamed
+    assert "simulated engine failure" in streamed
