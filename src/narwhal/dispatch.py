@@ -194,12 +194,11 @@ class Dispatcher:
                 last_error = error
                 # The client hears only the last failure; the operator hears each one.
                 log.warning(
-                    "request %s: attempt %d of %d on engine %s failed before the response "
-                    "started: %s",
+                    "request %s: attempt %d of %d on %s failed before the response started: %s",
                     context.request_id,
                     attempt,
                     attempts,
-                    plan.decode.config.name,
+                    _placement(plan),
                     error.message,
                 )
         if last_error is not None:
@@ -328,6 +327,13 @@ class Dispatcher:
         tokens, source = tracker.output_tokens()
         if tokens:
             series.output_tokens[source].inc(tokens)
+
+
+def _placement(plan: Plan) -> str:
+    """The engines of a plan, for the log: "engine d0", or "prefill p0, decode d0"."""
+    if plan.prefill is None:
+        return f"engine {plan.decode.config.name}"
+    return f"prefill {plan.prefill.config.name}, decode {plan.decode.config.name}"
 
 
 class _PhaseLoad:

@@ -66,3 +66,34 @@ async def test_every_failed_attempt_is_logged_with_its_request_and_engine(
     (streamed,) = [m for m in messages if m.startswith("request req-after:")]
     assert "failed after the response started" in streamed
     assert "simulated engine failure" in streamed
+
+
+async def test_a_failed_disaggregated_attempt_names_both_engines(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    prefill = await start_sim(SimOptions(model=MODEL, time_scale=0.0, role="prefill"))
+    decode = await start_sim(SimOptions(model=MODEL, time_scale=0.0, role="decode"))
+    config = Config(
+        model=MODEL,
+        engines=(
+            EngineConfig(name="p0", url=prefill.url, role="prefill"),
+            EngineConfig(name="d0", url=decode.url, role="decode"),
+        ),
+    )
+    runner = web.AppRunner(Router(config).app, handler_cancellation=True)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    port = next(a[1] for a in runner.addresses if isinstance(a, tuple))
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "#sim:http_500 hi"}]}
+    try:
+        with caplog.at_level(logging.WARNING, logger="narwhal"):
+            async with aiohttp.ClientSession() as session:
+                url = f"http://127.0.0.1:{port}/v1/chat/completions"
+                async with session.post(url, json=body, headers={"X-Request-Id": "pd-1"}) as r:
+                    assert r.status == 502
+    finally:
+        await runner.cleanup()
+        await prefill.close()
+        await decode.close()
+    (message,) = [r.getMessage() for r in caplog.records if "pd-1" in r.getMessage()]
+    assert "on prefill p0, decode d0 failed" in message and "answered 500" in message
