@@ -255,6 +255,7 @@ class Dispatcher:
         authorization = http.headers.get("Authorization")
         phase = _PhaseLoad(plan.prefill or decode_entry, context.prompt_tokens)
         stream: EngineStream | None = None
+        working = plan.prefill or decode_entry  # the engine a failure now would be on
         try:
             try:
                 async with asyncio.timeout_at(deadline):
@@ -267,6 +268,7 @@ class Dispatcher:
                             request_id=context.request_id,
                             authorization=authorization,
                         )
+                        working = decode_entry
                         phase.end_prefill()
                         self._gate.first_token(ticket)
                         phase.start_decode(decode_entry)
@@ -291,10 +293,15 @@ class Dispatcher:
                         await collect(stream)
             except TimeoutError:
                 raise self._expired_before_headers() from None
+            except _RETRYABLE:
+                self._metrics.engine_series(working.config.name).failures["before_headers"].inc()
+                raise
             if request.stream:
                 result = await relay_stream(http, stream, first, context.request_id, deadline)
                 if result[1] == "expired":
                     self._metrics.expired.labels("deadline_streaming").inc()
+                elif result[1] == "upstream_error":
+                    self._metrics.engine_series(client.name).failures["after_headers"].inc()
                 elif stream.done and not stream.at_eof():
                     # The client has everything; the end of the engine's body (usually in
                     # hand already) lets its connection go back to the pool.

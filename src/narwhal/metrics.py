@@ -26,6 +26,7 @@ REJECT_REASONS = ("retention", "queue")
 REFUSE_REASONS = ("ttft_budget", "prompt_exceeds_budget")
 EXPIRY_STAGES = ("admission_wait", "deadline_before_headers", "deadline_streaming")
 TOKEN_SOURCES = ("token_ids", "usage", "events")
+FAILURE_STAGES = ("before_headers", "after_headers")
 
 _LATENCY_BUCKETS = (
     0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75,
@@ -42,6 +43,7 @@ class EngineSeries:
     ttft: Histogram
     tpot: Histogram
     output_tokens: dict[str, Counter]
+    failures: dict[str, Counter]
 
 
 class RouterMetrics:
@@ -94,6 +96,13 @@ class RouterMetrics:
             ["engine", "source"],
             registry=r,
         )
+        self.engine_failures = Counter(
+            "narwhal_engine_failures",
+            "Attempts an engine failed, by engine and whether the response had started "
+            "(before_headers attempts may be retried elsewhere; after_headers end the stream).",
+            ["engine", "stage"],
+            registry=r,
+        )
         self.retained = Gauge(
             "narwhal_retained_requests", "Requests the router holds right now.", registry=r
         )
@@ -134,6 +143,7 @@ class RouterMetrics:
                 ttft=self.ttft.labels(engine),
                 tpot=self.tpot.labels(engine),
                 output_tokens={s: self.output_tokens.labels(engine, s) for s in TOKEN_SOURCES},
+                failures={s: self.engine_failures.labels(engine, s) for s in FAILURE_STAGES},
             )
         return series
 

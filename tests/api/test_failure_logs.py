@@ -1,4 +1,5 @@
-"""An engine failure is logged for the operator: which request, which engine, and why.
+"""An engine failure is told to the operator: logged (which request, which engine, and
+why) and counted per engine in `narwhal_engine_failures_total{engine,stage}`.
 
 The client gets only the last failure (a 502 before the response starts, an error event
 after it); the log keeps every attempt. The router and a simulated engine run in this
@@ -16,6 +17,7 @@ from aiohttp import web
 from narwhal.config import Config, EngineConfig, FleetConfig
 from narwhal.router import Router
 from narwhal.sim import SimOptions, start_sim
+from tests.metrics_text import samples
 
 MODEL = "narwhal-sim"
 
@@ -51,6 +53,7 @@ async def test_every_failed_attempt_is_logged_with_its_request_and_engine(
             before, _ = await post("#sim:http_500 hi", "req-before")
             # The first tokens go out (and the response starts) before the stall.
             after, events = await post("#sim:stall=0.2 #sim:error_midstream=4 hi", "req-after")
+        values = await _metrics(port)
     finally:
         await runner.cleanup()
         for sim in sims:
@@ -66,6 +69,11 @@ async def test_every_failed_attempt_is_logged_with_its_request_and_engine(
     (streamed,) = [m for m in messages if m.startswith("request req-after:")]
     assert "failed after the response started" in streamed
     assert "simulated engine failure" in streamed
+    failures = 'narwhal_engine_failures_total{{engine="{}",stage="{}"}}'
+    assert values[failures.format("s0", "before_headers")] == 1
+    assert values[failures.format("s1", "before_headers")] == 1
+    # The stream failed on whichever engine served it.
+    assert sum(values[failures.format(e, "after_headers")] for e in ("s0", "s1")) == 1
 
 
 async def test_a_failed_disaggregated_attempt_names_both_engines(
@@ -91,9 +99,19 @@ async def test_a_failed_disaggregated_attempt_names_both_engines(
                 url = f"http://127.0.0.1:{port}/v1/chat/completions"
                 async with session.post(url, json=body, headers={"X-Request-Id": "pd-1"}) as r:
                     assert r.status == 502
+        values = await _metrics(port)
     finally:
         await runner.cleanup()
         await prefill.close()
         await decode.close()
     (message,) = [r.getMessage() for r in caplog.records if "pd-1" in r.getMessage()]
     assert "on prefill p0, decode d0 failed" in message and "answered 500" in message
+    # Counted on the engine that failed: the prefill one.
+    assert values['narwhal_engine_failures_total{engine="p0",stage="before_headers"}'] == 1
+    assert values.get('narwhal_engine_failures_total{engine="d0",stage="before_headers"}', 0) == 0
+
+
+async def _metrics(port: int) -> dict[str, float]:
+    async with aiohttp.ClientSession() as session:
+        async with session.get(f"http://127.0.0.1:{port}/metrics") as response:
+            return samples(await response.text())
