@@ -69,6 +69,8 @@ class Dispatcher:
         self.monitor: FleetMonitor | None = None
         # Set whenever capacity may have appeared (a request ended, an engine came back).
         self._capacity = asyncio.Event()
+        for engine in config.engines:  # every engine's series from the start: zeros, not gaps
+            metrics.engine_series(engine.name)
 
     async def start(self) -> None:
         connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=30)

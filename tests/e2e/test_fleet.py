@@ -249,3 +249,16 @@ async def _engine_reports_running(sim: NarwhalProcess, count: int) -> bool:
         key.startswith("vllm:num_requests_running") and value == count
         for key, value in values.items()
     )
+
+
+async def test_every_engine_has_its_series_from_the_start(start: Start) -> None:
+    """A dashboard sees zeros for an engine that has served nothing yet, not a gap."""
+    sim = start(sim_process("--time-scale", "0"))
+    router = start(router_process(config_for([engine("a", sim), engine("b", sim)])))
+    values = await metrics_of(router.url)
+    for name in ("a", "b"):
+        assert values[f'narwhal_ttft_seconds_count{{engine="{name}"}}'] == 0
+        assert values[f'narwhal_output_tokens_total{{engine="{name}",source="token_ids"}}'] == 0
+        for stage in ("before_headers", "after_headers"):
+            key = f'narwhal_engine_failures_total{{engine="{name}",stage="{stage}"}}'
+            assert values[key] == 0
