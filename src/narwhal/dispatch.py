@@ -46,7 +46,12 @@ from narwhal.protocol.exposure import Exposure
 from narwhal.protocol.forward import StreamCollector, StreamForwarder
 from narwhal.protocol.requests import CompletionRequest
 from narwhal.protocol.tracker import OutputTracker
-from narwhal.protocol.upstream import supplies_token_ids, upstream_body, writes_null_usage
+from narwhal.protocol.upstream import (
+    supplies_token_ids,
+    upstream_body,
+    writes_null_ids,
+    writes_null_usage,
+)
 from narwhal.scheduler.registry import EngineEntry, EngineRegistry
 from narwhal.scheduler.scheduler import NoCapacity, Plan, Scheduler
 
@@ -248,6 +253,7 @@ class Dispatcher:
             usage=request.include_usage,
             continuous_usage=request.continuous_usage,
             null_usage=writes_null_usage(client.dialect),
+            null_ids=writes_null_ids(client.dialect),
         )
         tracker = OutputTracker(
             request.route,

@@ -37,6 +37,7 @@ from narwhal.protocol.plain import (
     decode_plain,
     decode_plains,
     id_list_keys,
+    null_token_ids,
     strip_token_ids,
 )
 from narwhal.protocol.sse import SSEDecoder
@@ -44,7 +45,11 @@ from narwhal.protocol.tokens import TokenIdError
 from narwhal.protocol.tracker import OutputTracker
 from tests.protocol.streams import ALL, VLLM_CHAT, VLLM_COMPLETION, Stream
 
-ALL_EXPOSURES = [Exposure(*flags) for flags in itertools.product((False, True), repeat=3)]
+ALL_EXPOSURES = [
+    Exposure(*flags, null_ids=null_ids)
+    for flags in itertools.product((False, True), repeat=3)
+    for null_ids in (False, True)
+]
 EVERYTHING = Exposure(token_ids=True, usage=True, continuous_usage=True)
 NOTHING = Exposure(token_ids=False, usage=False, continuous_usage=False)
 DONE_BLOCK = b"data: [DONE]\n\n"
@@ -531,34 +536,59 @@ def test_strip_token_ids_never_touches_prompt_token_ids() -> None:
     assert strip_token_ids(b'{"prompt_token_ids":[4]}', 0) == b'{"prompt_token_ids":[4]}'
 
 
-@pytest.mark.parametrize(
-    ("raw", "expected"),
-    [
-        # A `token_ids` key nested below the choice: in the delta, in logprobs.
-        (b'{"choices":[{"index":0,"delta":{"content":"a","token_ids":[9]},"token_ids":[1]}]}', 1),
-        (b'{"choices":[{"index":0,"delta":{"content":"a","token_ids":[9]}}]}', 0),
-        (b'{"choices":[{"index":0,"logprobs":{"x":1,"token_ids":[9]},"token_ids":[1]}]}', 1),
-        # The key first in its object (no comma before it).
-        (b'{"choices":[{"token_ids":[1],"index":0,"delta":{"content":"a"}}]}', 1),
-        # Spaced JSON.
-        (b'{"choices": [{"index": 0, "delta": {"content": "a"}, "token_ids": [1]}]}', 1),
-        (b'{"choices":[{"index":0,"delta":{"content":"a"},"token_ids": [1]}]}', 1),
-        (b'{"choices":[{"index":0,"delta":{"content":"a"},"token_ids":[1, 2]}]}', 1),
-        # The text as a string value, alone or beside a real key.
-        (b'{"choices":[{"index":0,"delta":{"content":"token_ids"}}]}', 0),
-        (b'{"choices":[{"index":0,"delta":{"content":"token_ids"},"token_ids":[1]}]}', 1),
-        (b'{"choices":[{"index":0,"delta":{"content":"token_ids"},"token_ids":[1]}]}', 2),
-        # A count that does not match the keys present.
-        (b'{"choices":[{"index":0,"delta":{},"token_ids":[1]}]}', 0),
-        (b'{"choices":[{"index":0,"delta":{},"token_ids":[1]}]}', 2),
-        # A value this cannot cut whole.
-        (b'{"choices":[{"index":0,"delta":{},"token_ids":[[1]]}]}', 1),
-        (b'{"choices":[{"index":0,"delta":{},"token_ids":"1"}]}', 1),
-    ],
-)
+UNSAFE_ID_BYTES = [
+    # A `token_ids` key nested below the choice: in the delta, in logprobs.
+    (b'{"choices":[{"index":0,"delta":{"content":"a","token_ids":[9]},"token_ids":[1]}]}', 1),
+    (b'{"choices":[{"index":0,"delta":{"content":"a","token_ids":[9]}}]}', 0),
+    (b'{"choices":[{"index":0,"logprobs":{"x":1,"token_ids":[9]},"token_ids":[1]}]}', 1),
+    # The key first in its object (no comma before it).
+    (b'{"choices":[{"token_ids":[1],"index":0,"delta":{"content":"a"}}]}', 1),
+    # Spaced JSON.
+    (b'{"choices": [{"index": 0, "delta": {"content": "a"}, "token_ids": [1]}]}', 1),
+    (b'{"choices":[{"index":0,"delta":{"content":"a"},"token_ids": [1]}]}', 1),
+    (b'{"choices":[{"index":0,"delta":{"content":"a"},"token_ids":[1, 2]}]}', 1),
+    # The text as a string value, alone or beside a real key.
+    (b'{"choices":[{"index":0,"delta":{"content":"token_ids"}}]}', 0),
+    (b'{"choices":[{"index":0,"delta":{"content":"token_ids"},"token_ids":[1]}]}', 1),
+    (b'{"choices":[{"index":0,"delta":{"content":"token_ids"},"token_ids":[1]}]}', 2),
+    # A count that does not match the keys present.
+    (b'{"choices":[{"index":0,"delta":{},"token_ids":[1]}]}', 0),
+    (b'{"choices":[{"index":0,"delta":{},"token_ids":[1]}]}', 2),
+    # A value this cannot cut whole.
+    (b'{"choices":[{"index":0,"delta":{},"token_ids":[[1]]}]}', 1),
+    (b'{"choices":[{"index":0,"delta":{},"token_ids":"1"}]}', 1),
+]
+
+
+@pytest.mark.parametrize(("raw", "expected"), UNSAFE_ID_BYTES)
 def test_strip_token_ids_refuses_what_it_cannot_cut_safely(raw: bytes, expected: int) -> None:
     assert strip_token_ids(raw, expected) is None
     assert strip_token_ids(frame(raw) * 2, 2 * expected) is None
+
+
+def test_null_token_ids_writes_the_choice_lists_as_null() -> None:
+    many = (
+        frame(b'{"choices":[{"index":0,"delta":{},"token_ids":[11]}]}')
+        + frame(b'{"choices":[{"index":0,"delta":{"content":"a"},"token_ids":[7,8]},'
+                b'{"index":1,"delta":{"content":"b"},"token_ids":null}]}')
+        + frame(b'{"choices":[{"index":0,"delta":{"content":"c"}}],"prompt_token_ids":null}')
+    )  # fmt: skip
+    assert null_token_ids(many, 3) == (
+        frame(b'{"choices":[{"index":0,"delta":{},"token_ids":null}]}')
+        + frame(b'{"choices":[{"index":0,"delta":{"content":"a"},"token_ids":null},'
+                b'{"index":1,"delta":{"content":"b"},"token_ids":null}]}')
+        + frame(b'{"choices":[{"index":0,"delta":{"content":"c"}}],"prompt_token_ids":null}')
+    )  # fmt: skip
+    # Completion choices: their null prompt lists are counted and stay as they are.
+    completion = b'{"choices":[{"index":0,"text":"a","prompt_token_ids":null,"token_ids":[3]}]}'
+    assert null_token_ids(completion, 2, prompt_names=True) == completion.replace(b"[3]", b"null")
+    assert null_token_ids(completion, 1, prompt_names=True) is None
+
+
+@pytest.mark.parametrize(("raw", "expected"), UNSAFE_ID_BYTES)
+def test_null_token_ids_refuses_what_it_cannot_rewrite_safely(raw: bytes, expected: int) -> None:
+    assert null_token_ids(raw, expected) is None
+    assert null_token_ids(frame(raw) * 2, 2 * expected) is None
 
 
 # --- 5. StreamForwarder ≡ reference ---------------------------------------------------

@@ -33,6 +33,11 @@ class Exposure:
     """The engine writes `"usage": null` on every chunk whatever the client asked
     (SGLang dumps its chunks with their null fields, PROTOCOL.md §6.1), so a client
     that did not ask for usage gets that null from the engine itself and keeps it."""
+    null_ids: bool = False
+    """The engine writes its ID lists as `null` when they were not asked for (vLLM:
+    `token_ids` on every chunk, `prompt_token_ids` on the role chunk or per completion
+    choice, PROTOCOL.md §1.2), so a client without IDs gets nulls, as from the engine
+    itself, instead of losing the keys."""
 
 
 class Exposed(enum.Enum):
@@ -65,7 +70,8 @@ def apply_exposure(event: dict[str, Any], exposure: Exposure) -> Exposed:
 
     - Without token_ids: drop top-level `prompt_token_ids`, the per-choice ID lists
       (vLLM's `token_ids`/`prompt_token_ids`, PROTOCOL.md §1.2, §1.3; SGLang's
-      non-streaming `response_token_ids`, §6.1) and SGLang's `sglext` ID chunk (§6.1).
+      non-streaming `response_token_ids`, §6.1) and SGLang's `sglext` ID chunk (§6.1);
+      with `null_ids` (vLLM) the `token_ids`/`prompt_token_ids` keys stay, as null.
     - Without usage: drop the `usage` key everywhere (the finishing chunk of
       openai-dialect engines, continuous stats, OpenAI's `"usage": null`), except a
       null one from an engine that always writes it (`null_usage`: SGLang).
@@ -80,12 +86,11 @@ def apply_exposure(event: dict[str, Any], exposure: Exposure) -> Exposed:
       logprobs) were asked for (PROTOCOL.md §1.2), so the client would not have got it.
     """
     changed = False
-    ids_removed = False
+    ids_removed = False  # the event had choice ID lists (null or not) the client is not given
     choices = event.get("choices")
     if not exposure.token_ids:
-        if "prompt_token_ids" in event:
-            del event["prompt_token_ids"]
-            changed = True
+        hide = _null_out if exposure.null_ids else _take_out
+        changed = hide(event, "prompt_token_ids")
         if "sglext" in event:
             del event["sglext"]
             changed = True
@@ -93,19 +98,19 @@ def apply_exposure(event: dict[str, Any], exposure: Exposure) -> Exposed:
             for choice in choices:
                 if type(choice) is dict:
                     if "token_ids" in choice:
-                        del choice["token_ids"]
                         ids_removed = True
-                    if "prompt_token_ids" in choice:
-                        del choice["prompt_token_ids"]
-                        changed = True
+                        changed = hide(choice, "token_ids") or changed
+                    changed = hide(choice, "prompt_token_ids") or changed
                     if "response_token_ids" in choice:
                         del choice["response_token_ids"]
                         changed = True
-            changed = changed or ids_removed
     if "usage" in event and _hide_usage(event["usage"], choices, exposure):
         del event["usage"]
         changed = True
     if not changed:
+        # (An event whose IDs were null already may still carry nothing else.)
+        if ids_removed and carries_nothing(event):
+            return Exposed.DROPPED
         return Exposed.UNCHANGED
     # (SGLang's ID chunk has no choices and `"usage": null`, and is kept for IDs.)
     if not choices and event.get("usage") is None and "error" not in event:
@@ -113,6 +118,22 @@ def apply_exposure(event: dict[str, Any], exposure: Exposure) -> Exposed:
     if ids_removed and carries_nothing(event):
         return Exposed.DROPPED
     return Exposed.CHANGED
+
+
+def _take_out(holder: dict[str, Any], key: str) -> bool:
+    """Remove `key`; whether it was there."""
+    if key in holder:
+        del holder[key]
+        return True
+    return False
+
+
+def _null_out(holder: dict[str, Any], key: str) -> bool:
+    """Write `key` as null where it holds a value; whether it changed."""
+    if holder.get(key) is not None:
+        holder[key] = None
+        return True
+    return False
 
 
 _ENVELOPE = frozenset(("id", "object", "created", "model", "choices"))

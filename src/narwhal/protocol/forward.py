@@ -24,6 +24,7 @@ than the engine's next event: the usage chunk follows the last chunk at once.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any, Final, cast
 
 import msgspec
@@ -37,6 +38,7 @@ from narwhal.protocol.plain import (
     decode_plains,
     id_list_keys,
     is_quiet,
+    null_token_ids,
     quiet_events,
     strip_token_ids,
 )
@@ -44,6 +46,10 @@ from narwhal.protocol.sse import SSEDecoder, SSEEvent
 from narwhal.protocol.tracker import OutputTracker
 
 _DONE: Final = b"[DONE]"
+_TOKEN_IDS_NAME: Final = b'"token_ids"'
+_PROMPT_IDS_NAME: Final = b'"prompt_token_ids"'
+_TOKEN_IDS_LIST_START: Final = b'"token_ids":['
+
 # Top-level keys vLLM writes on the usage-only chunk instead of its last chunk.
 _MOVED_TO_USAGE_CHUNK: Final = ("system_fingerprint",)
 _encode: Final = msgspec.json.encode
@@ -57,6 +63,7 @@ class StreamForwarder:
         "_held",
         "_holds_last",
         "_moved",
+        "_null_ids",
         "_rewrite",
         "_strip_ids",
         "_usage_dropped",
@@ -70,6 +77,8 @@ class StreamForwarder:
         self._exposure = exposure
         self._rewrite = needs_rewrite(exposure)
         self._strip_ids = not exposure.token_ids
+        # vLLM writes unasked ID lists as null: the client gets nulls, not missing keys.
+        self._null_ids = exposure.null_ids
         # Completion chunks carry `"prompt_token_ids": null` per choice (chat: top level).
         self._completion = tracker.route == "completion"
         self._decoder = SSEDecoder()
@@ -150,7 +159,10 @@ class StreamForwarder:
             replaced[i] = self._exposed(datas[i], _frame(datas[i]))
             keys -= id_list_keys(cast(PlainEvent, plains[i]))
         out = _replace(run, datas, replaced) if replaced else run
-        stripped = strip_token_ids(out, keys, prompt_nulls=self._completion)
+        if self._null_ids and replaced:
+            # The exposed events spliced in keep their ID keys too, as nulls.
+            keys = _add_null_names(keys, replaced.values(), self._completion)
+        stripped = self._without_ids(out, keys)
         if stripped is not None:
             return stripped
         # Not the compact shape: strip (or re-encode) event by event; all accounted above.
@@ -204,11 +216,18 @@ class StreamForwarder:
         return b""
 
     def _stripped(self, data: bytes, raw: bytes, keys: int) -> bytes:
-        """A plain event (already accounted, `keys` its ID-list keys) without them."""
-        stripped = strip_token_ids(raw, keys, prompt_nulls=self._completion)
+        """A plain event (already accounted, `keys` its ID-list keys) without its IDs."""
+        stripped = self._without_ids(raw, keys)
         if stripped is not None:
             return stripped
         return self._exposed(data, raw)
+
+    def _without_ids(self, raw: bytes, keys: int) -> bytes | None:
+        """`raw`'s ID lists cut out, or written as null (`null_ids`); None when the bytes
+        cannot be rewritten safely (the caller then takes the decoded way)."""
+        if self._null_ids:
+            return null_token_ids(raw, keys, prompt_names=self._completion)
+        return strip_token_ids(raw, keys, prompt_nulls=self._completion)
 
     def _exposed(self, data: bytes, raw: bytes) -> bytes:
         """A plain event (already accounted) through the exposure rules, decoded."""
@@ -260,6 +279,18 @@ def _with_members(out: bytes, members: dict[str, Any]) -> bytes:
     if not added:
         return out
     return body[:-1] + added + b"}" + out[len(body) :]
+
+
+def _add_null_names(keys: int, pieces: Iterable[bytes], completion: bool) -> int:
+    """`keys` plus the ID-list names in `pieces` (exposed events: their IDs are null), or
+    -1, which no byte count matches, when one of them still holds a `token_ids` list."""
+    for piece in pieces:
+        if _TOKEN_IDS_LIST_START in piece:
+            return -1
+        keys += piece.count(_TOKEN_IDS_NAME)
+        if completion:
+            keys += piece.count(_PROMPT_IDS_NAME)
+    return keys
 
 
 def _frame(data: bytes) -> bytes:

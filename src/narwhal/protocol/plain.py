@@ -31,6 +31,7 @@ _PROMPT_IDS_NAME: Final = b'"prompt_token_ids"'
 _PROMPT_IDS_NULL: Final = b',"prompt_token_ids":null'
 # The literal prefix lets `re` find candidates with a fast substring search.
 _TOKEN_IDS_MEMBER: Final = re.compile(rb',"token_ids":(?:\[[0-9,]*\]|null)')
+_TOKEN_IDS_NULL: Final = b',"token_ids":null'
 
 TokenId = Annotated[int, msgspec.Meta(ge=0)]
 
@@ -193,3 +194,24 @@ def strip_token_ids(raw: bytes, expected: int, *, prompt_nulls: bool = False) ->
         cut += (len(stripped) - len(shorter)) // len(_PROMPT_IDS_NULL)
         stripped = shorter
     return stripped if cut == expected else None
+
+
+def null_token_ids(raw: bytes, expected: int, *, prompt_names: bool = False) -> bytes | None:
+    """`raw` (one or many SSE events) with its choice-level `token_ids` lists written as
+    `null`, as vLLM writes them for a client that did not ask for IDs; or None when the
+    bytes are not in the compact shape this can rewrite safely.
+
+    `expected` counts the ID-list keys `raw` holds at choice level (`token_ids`, null or
+    not, and with `prompt_names` the completion choices' `prompt_token_ids`, which are
+    null here: a list never takes this path). As in `strip_token_ids`, names that occur
+    exactly `expected` times are all those keys; when the members rewritten (a null
+    rewritten as itself) are as many as the `token_ids` names, each key was one of them.
+    """
+    names = raw.count(_TOKEN_IDS_NAME)
+    found = names + raw.count(_PROMPT_IDS_NAME) if prompt_names else names
+    if found != expected:
+        return None
+    if raw.find(b"\\") != -1 and raw.find(b"\\u") != -1:
+        return None
+    out, members = _TOKEN_IDS_MEMBER.subn(_TOKEN_IDS_NULL, raw)
+    return out if members == names else None

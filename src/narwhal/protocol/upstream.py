@@ -36,6 +36,12 @@ def writes_null_usage(dialect: Dialect) -> bool:
     return dialect == "sglang"
 
 
+def writes_null_ids(dialect: Dialect) -> bool:
+    """Whether the engine writes its ID lists as null when they were not asked for:
+    vLLM does (PROTOCOL.md §1.2); SGLang leaves them out (§6.1)."""
+    return dialect == "vllm"
+
+
 def upstream_body(request: CompletionRequest, dialect: Dialect) -> dict[str, Any]:
     body = dict(request.body)
     body["stream"] = True
