@@ -690,3 +690,18 @@ def test_logprobs_key_only_when_the_engine_writes_it() -> None:
     assert with_null["choices"][0]["logprobs"] is None
     bare = {"index": 0, "delta": {"content": "a"}, "finish_reason": "stop"}
     assert "logprobs" not in assemble([chunk(bare)])["choices"][0]
+
+
+def test_vllm_answers_a_client_without_ids_with_null_id_lists() -> None:
+    # vLLM's own non-streaming answer to such a client has them, null (PROTOCOL.md §1.2).
+    vllm = Exposure(token_ids=False, usage=True, continuous_usage=False, null_ids=True)
+    done_chat = {"index": 0, "delta": {"content": "a"}, "finish_reason": "stop", "token_ids": [4]}
+    chat = assemble([chunk(done_chat)], exposure=vllm)
+    assert chat["choices"][0]["token_ids"] is None and chat["prompt_token_ids"] is None
+    done = text("a", finish="length", token_ids=[5], prompt_token_ids=None)
+    completion = assemble([chunk(done)], route="completion", exposure=vllm)
+    assert completion["choices"][0]["token_ids"] is None
+    assert completion["choices"][0]["prompt_token_ids"] is None
+    assert "prompt_token_ids" not in completion
+    # SGLang leaves them out, and so does its assembled answer.
+    assert "token_ids" not in assemble([chunk(delta(content="a", finish="stop"))])["choices"][0]

@@ -258,6 +258,7 @@ class Assembler:
         "_choices",
         "_keep_ids",
         "_metadata",
+        "_null_ids",
         "_output_ids",
         "_prompt_ids",
         "_route",
@@ -267,6 +268,8 @@ class Assembler:
     def __init__(self, route: Route, exposure: Exposure) -> None:
         self._route: Route = route
         self._keep_ids = exposure.token_ids
+        # vLLM's own answer to a client without IDs has its ID lists, null.
+        self._null_ids = exposure.null_ids and not exposure.token_ids
         self._choice_type = _ChatChoice if route == "chat" else _CompletionChoice
         self._choices: dict[int, _Choice] = {}
         self._metadata: dict[str, Any] = {}
@@ -363,4 +366,11 @@ class Assembler:
         response["usage"] = usage
         if self._keep_ids and (self._route == "chat" or self._prompt_ids is not None):
             response["prompt_token_ids"] = self._prompt_ids
+        elif self._null_ids:
+            for choice in choices:
+                if self._route == "completion":
+                    choice["prompt_token_ids"] = None
+                choice["token_ids"] = None
+            if self._route == "chat":
+                response["prompt_token_ids"] = None
         return response
