@@ -37,6 +37,7 @@ from narwhal.protocol.plain import (
     decode_plain,
     decode_plains,
     id_list_keys,
+    null_id_names,
     null_token_ids,
     strip_token_ids,
 )
@@ -583,6 +584,16 @@ def test_null_token_ids_writes_the_choice_lists_as_null() -> None:
     completion = b'{"choices":[{"index":0,"text":"a","prompt_token_ids":null,"token_ids":[3]}]}'
     assert null_token_ids(completion, 2, prompt_names=True) == completion.replace(b"[3]", b"null")
     assert null_token_ids(completion, 1, prompt_names=True) is None
+
+
+def test_null_id_names_counts_the_exposed_events_nulls_or_refuses_a_list() -> None:
+    role = frame(b'{"choices":[{"index":0,"delta":{"role":"assistant"},"token_ids":null}],'
+                 b'"prompt_token_ids":null}')  # fmt: skip
+    first = frame(b'{"choices":[{"index":0,"text":"a","prompt_token_ids":null,"token_ids":null}]}')
+    assert null_id_names([role, b""]) == 1
+    assert null_id_names([first], prompt_names=True) == 2
+    nested = frame(b'{"choices":[{"index":0,"logprobs":{"token_ids":[9]},"token_ids":null}]}')
+    assert null_id_names([role, nested]) < 0
 
 
 @pytest.mark.parametrize(("raw", "expected"), UNSAFE_ID_BYTES)

@@ -24,7 +24,6 @@ than the engine's next event: the usage chunk follows the last chunk at once.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from typing import Any, Final, cast
 
 import msgspec
@@ -38,6 +37,7 @@ from narwhal.protocol.plain import (
     decode_plains,
     id_list_keys,
     is_quiet,
+    null_id_names,
     null_token_ids,
     quiet_events,
     strip_token_ids,
@@ -46,10 +46,6 @@ from narwhal.protocol.sse import SSEDecoder, SSEEvent
 from narwhal.protocol.tracker import OutputTracker
 
 _DONE: Final = b"[DONE]"
-_TOKEN_IDS_NAME: Final = b'"token_ids"'
-_PROMPT_IDS_NAME: Final = b'"prompt_token_ids"'
-_TOKEN_IDS_LIST_START: Final = b'"token_ids":['
-
 # Top-level keys vLLM writes on the usage-only chunk instead of its last chunk.
 _MOVED_TO_USAGE_CHUNK: Final = ("system_fingerprint",)
 _encode: Final = msgspec.json.encode
@@ -161,7 +157,7 @@ class StreamForwarder:
         out = _replace(run, datas, replaced) if replaced else run
         if self._null_ids and replaced:
             # The exposed events spliced in keep their ID keys too, as nulls.
-            keys = _add_null_names(keys, replaced.values(), self._completion)
+            keys += null_id_names(replaced.values(), prompt_names=self._completion)
         stripped = self._without_ids(out, keys)
         if stripped is not None:
             return stripped
@@ -279,18 +275,6 @@ def _with_members(out: bytes, members: dict[str, Any]) -> bytes:
     if not added:
         return out
     return body[:-1] + added + b"}" + out[len(body) :]
-
-
-def _add_null_names(keys: int, pieces: Iterable[bytes], completion: bool) -> int:
-    """`keys` plus the ID-list names in `pieces` (exposed events: their IDs are null), or
-    -1, which no byte count matches, when one of them still holds a `token_ids` list."""
-    for piece in pieces:
-        if _TOKEN_IDS_LIST_START in piece:
-            return -1
-        keys += piece.count(_TOKEN_IDS_NAME)
-        if completion:
-            keys += piece.count(_PROMPT_IDS_NAME)
-    return keys
 
 
 def _frame(data: bytes) -> bytes:

@@ -21,6 +21,7 @@ re-encode):
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from typing import Annotated, Any, Final
 
 import msgspec
@@ -32,6 +33,9 @@ _PROMPT_IDS_NULL: Final = b',"prompt_token_ids":null'
 # The literal prefix lets `re` find candidates with a fast substring search.
 _TOKEN_IDS_MEMBER: Final = re.compile(rb',"token_ids":(?:\[[0-9,]*\]|null)')
 _TOKEN_IDS_NULL: Final = b',"token_ids":null'
+_TOKEN_IDS_LIST_START: Final = b'"token_ids":['
+# Less than any count of names: `null_token_ids` then refuses whatever it is given.
+_UNSAFE: Final = -(1 << 62)
 
 TokenId = Annotated[int, msgspec.Meta(ge=0)]
 
@@ -215,3 +219,17 @@ def null_token_ids(raw: bytes, expected: int, *, prompt_names: bool = False) -> 
         return None
     out, members = _TOKEN_IDS_MEMBER.subn(_TOKEN_IDS_NULL, raw)
     return out if members == names else None
+
+
+def null_id_names(pieces: Iterable[bytes], *, prompt_names: bool = False) -> int:
+    """The ID-list names in `pieces`, events already exposed with their IDs null, for
+    `null_token_ids`'s count; a large negative number when one of them still holds a
+    `token_ids` list (which that rewrite must then not touch: it refuses)."""
+    names = 0
+    for piece in pieces:
+        if _TOKEN_IDS_LIST_START in piece:
+            return _UNSAFE
+        names += piece.count(_TOKEN_IDS_NAME)
+        if prompt_names:
+            names += piece.count(_PROMPT_IDS_NAME)
+    return names
