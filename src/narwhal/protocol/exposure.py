@@ -86,7 +86,7 @@ def apply_exposure(event: dict[str, Any], exposure: Exposure) -> Exposed:
       logprobs) were asked for (PROTOCOL.md §1.2), so the client would not have got it.
     """
     changed = False
-    ids_removed = False  # the event had choice ID lists (null or not) the client is not given
+    had_ids = False  # the event had choice ID lists (null or not) the client is not given
     choices = event.get("choices")
     if not exposure.token_ids:
         hide = _null_out if exposure.null_ids else _take_out
@@ -98,7 +98,7 @@ def apply_exposure(event: dict[str, Any], exposure: Exposure) -> Exposed:
             for choice in choices:
                 if type(choice) is dict:
                     if "token_ids" in choice:
-                        ids_removed = True
+                        had_ids = True
                         changed = hide(choice, "token_ids") or changed
                     changed = hide(choice, "prompt_token_ids") or changed
                     if "response_token_ids" in choice:
@@ -107,16 +107,15 @@ def apply_exposure(event: dict[str, Any], exposure: Exposure) -> Exposed:
     if "usage" in event and _hide_usage(event["usage"], choices, exposure):
         del event["usage"]
         changed = True
+    # (Also when its IDs were null already: `carries_nothing` needs choices, so this
+    # never meets the choice-less cases below.)
+    if had_ids and carries_nothing(event):
+        return Exposed.DROPPED
     if not changed:
-        # (An event whose IDs were null already may still carry nothing else.)
-        if ids_removed and carries_nothing(event):
-            return Exposed.DROPPED
         return Exposed.UNCHANGED
     # (SGLang's ID chunk has no choices and `"usage": null`, and is kept for IDs.)
     if not choices and event.get("usage") is None and "error" not in event:
         return Exposed.CHANGED if "sglext" in event else Exposed.DROPPED
-    if ids_removed and carries_nothing(event):
-        return Exposed.DROPPED
     return Exposed.CHANGED
 
 

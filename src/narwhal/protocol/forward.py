@@ -57,11 +57,11 @@ class StreamForwarder:
         "_decoder",
         "_exposure",
         "_held",
+        "_hide_ids",
         "_holds_last",
         "_moved",
         "_null_ids",
         "_rewrite",
-        "_strip_ids",
         "_usage_dropped",
         "done",
         "events",
@@ -72,7 +72,7 @@ class StreamForwarder:
         self.tracker = tracker
         self._exposure = exposure
         self._rewrite = needs_rewrite(exposure)
-        self._strip_ids = not exposure.token_ids
+        self._hide_ids = not exposure.token_ids
         # vLLM writes unasked ID lists as null: the client gets nulls, not missing keys.
         self._null_ids = exposure.null_ids
         # Completion chunks carry `"prompt_token_ids": null` per choice (chat: top level).
@@ -148,7 +148,7 @@ class StreamForwarder:
                 replaced[i] = self._general(datas[i], None, _frame(datas[i]), now)
                 start = i + 1
             keys += tracker.observe_plains(cast("list[PlainEvent]", plains[start:]), now)
-        if not keys or not self._strip_ids:
+        if not keys or not self._hide_ids:
             return _replace(run, datas, replaced) if replaced else run
         for i in quiet_events(plains):
             # Maybe only IDs: the exposure rules judge it whole (already accounted).
@@ -182,7 +182,7 @@ class StreamForwarder:
             plain = decode_plain(data)
             if plain is not None:
                 keys = self.tracker.observe_plains((plain,), now)
-                if not keys or not self._strip_ids:
+                if not keys or not self._hide_ids:
                     return raw
                 if is_quiet(plain):
                     return self._exposed(data, raw)
