@@ -117,6 +117,13 @@ class RouterMetrics:
             "Requests between first token and last event.",
             registry=r,
         )
+        self.engine_requests = Gauge(
+            "narwhal_engine_requests",
+            "Requests Narwhal has on each engine, by phase: prefill (placed, prefill not "
+            "done there) and decode (past the first token).",
+            ["engine", "phase"],
+            registry=r,
+        )
         self.admission_wait = Histogram(
             "narwhal_admission_wait_seconds",
             "Time from admission to a prefill slot (zero when one was free).",

@@ -111,6 +111,37 @@ async def test_admission_wait_expiry_is_504(sim: NarwhalProcess) -> None:
         assert values['narwhal_outcomes_total{outcome="expired"}'] == 1
 
 
+async def test_an_engines_own_limit_is_waited_for_in_the_admission_queue(
+    sim: NarwhalProcess,
+) -> None:
+    """One engine with `phase_concurrency: {prefill: 1}`: requests beyond it wait in the
+    admission queue (visible in its gauge) under `wait_timeout_s`, not in a hidden wait of
+    their own (which served them after 2.1 and 3.1 s instead of answering 504)."""
+    config = fleet_config(
+        [("s0", sim, "vllm")], admission={"wait_timeout_s": 0.3, "queue_limit": 1}
+    )
+    config["engines"][0]["phase_concurrency"] = {"prefill": 1}
+    with router_process(config) as router:
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        first = asyncio.create_task(send(router.url, chat("#sim:slow_prefill=1 a")))
+        await wait_for(router, "narwhal_prefill_slots_in_use", 1)
+        second = asyncio.create_task(send(router.url, chat("b")))
+        await wait_for(router, "narwhal_admission_queue_depth", 1)
+        third = await send(router.url, chat("c"))  # the queue (limit 1) is full
+        assert third.status == 429
+        assert third.json()["error"]["code"] == "rate_limit_exceeded"
+        late = await second
+        assert late.status == 504, late.raw
+        assert late.json()["error"]["code"] == "terminal_expiry"
+        assert loop.time() - started < 0.9  # expired at its wait, long before the first ended
+        assert (await first).status == 200
+        values = await assert_all_released(router)
+        assert values['narwhal_expired_total{stage="admission_wait"}'] == 1
+        assert values['narwhal_rejected_total{reason="queue"}'] == 1
+        assert values['narwhal_engine_requests{engine="s0",phase="prefill"}'] == 0
+
+
 async def test_request_deadline_before_headers_is_504_and_cancels_the_engine(
     sim: NarwhalProcess,
 ) -> None:

@@ -9,8 +9,10 @@ from typing import Any
 import pytest
 
 from narwhal.config import EngineConfig, EnginePhaseConcurrency
-from narwhal.scheduler.placement import EngineLoad, InFlightScorer
-from narwhal.scheduler.registry import EngineRegistry
+from narwhal.fleet.scrape import EngineScrape
+from narwhal.fleet.state import EngineHealth
+from narwhal.scheduler.placement import EngineLoad, InFlightScorer, PlacementRequest
+from narwhal.scheduler.registry import EngineEntry, EngineRegistry
 from narwhal.scheduler.scheduler import NoCapacity, Scheduler
 
 
@@ -23,24 +25,32 @@ def scheduler(*engines: EngineConfig, healthy: set[str] | None = None, **kw: Any
     return Scheduler(registry, rng=random.Random(1), **kw)
 
 
+def request(prompt_tokens: int) -> PlacementRequest:
+    return PlacementRequest.sized("chat", prompt_tokens)
+
+
 def test_cheapest_engine_wins() -> None:
     s = scheduler(engine("a"), engine("b"))
     s.registry.entries["a"].load.decoding = 3
-    plan = s.plan(100)
-    assert plan is not None and plan.decode.config.name == "b" and plan.prefill is None
+    plan = s.plan(request(100))
+    assert plan is not None and plan.decode.name == "b" and plan.prefill is None
 
 
 def test_ties_are_broken_at_random_not_always_the_first() -> None:
     s = scheduler(engine("a"), engine("b"), engine("c"))
-    picks = Counter(s.plan(10).decode.config.name for _ in range(300))  # type: ignore[union-attr]
+    picks = Counter(s.plan(request(10)).decode.name for _ in range(300))  # type: ignore[union-attr]
     assert set(picks) == {"a", "b", "c"} and min(picks.values()) > 50
 
 
 def test_prefill_work_and_engine_metrics_count() -> None:
     scorer = InFlightScorer(prompt_tokens_per_request=1000)
-    assert scorer.cost(EngineLoad("x", prefilling=1, prefill_tokens=4000), 0) == 5
+    busy = EngineEntry(engine("x"), EngineLoad(prefilling=1, prefill_tokens=4000))
+    assert scorer.cost(busy, request(0), "both") == 5
     # The engine sees more running work than Narwhal placed (another router): use it.
-    assert scorer.cost(EngineLoad("x", decoding=1, engine_running=6, engine_waiting=2), 0) == 8
+    health = EngineHealth(stale_after_s=5)
+    health.record_scrape(EngineScrape(running=6, waiting=2, kv_usage=0.1), 0.0)
+    seen = EngineEntry(engine("x"), EngineLoad(decoding=1), health=health)
+    assert scorer.cost(seen, request(0), "both") == 8
 
 
 def test_ineligible_engines_are_never_chosen() -> None:
@@ -54,7 +64,7 @@ def test_ineligible_engines_are_never_chosen() -> None:
     s.registry.set_drained("drained", True)
     s.registry.set_wave(2, True)
     for _ in range(50):
-        assert s.plan(1).decode.config.name == "up"  # type: ignore[union-attr]
+        assert s.plan(request(1)).decode.name == "up"  # type: ignore[union-attr]
     assert [s.registry.state(e) for e in s.registry.entries.values()] == [
         "up",
         "down",
@@ -65,21 +75,27 @@ def test_ineligible_engines_are_never_chosen() -> None:
 
 def test_no_eligible_engine_is_none() -> None:
     s = scheduler(engine("a"), healthy=set())
-    assert s.plan(1) is None and not s.has_path()
+    assert s.plan(request(1)) is None and not s.has_path()
 
 
 def test_retry_goes_to_another_engine_and_never_back() -> None:
     s = scheduler(engine("a"), engine("b"))
-    assert s.plan(1, exclude={"a"}).decode.config.name == "b"  # type: ignore[union-attr]
-    assert s.plan(1, exclude={"a", "b"}) is None
+    assert s.plan(request(1), exclude={"a"}).decode.name == "b"  # type: ignore[union-attr]
+    assert s.plan(request(1), exclude={"a", "b"}) is None
 
 
 def test_engines_at_their_own_limit_make_the_request_wait() -> None:
-    limited = engine("a", phase_concurrency=EnginePhaseConcurrency(prefill=1))
+    limited = engine("a", phase_concurrency=EnginePhaseConcurrency(prefill=1, decode=2))
     s = scheduler(limited)
-    s.registry.entries["a"].load.prefilling = 1
+    load = s.registry.entries["a"].load
+    load.prefilling = load.decode_bound = 1
     with pytest.raises(NoCapacity):
-        s.plan(1)
+        s.plan(request(1))
+    load.prefilling = 0  # prefill done; the decode place is still held
+    assert s.plan(request(1)) is not None
+    load.decode_bound = 2  # one decoding, one still in prefill elsewhere: full
+    with pytest.raises(NoCapacity):
+        s.plan(request(1))
 
 
 def test_disaggregated_pair_when_prefill_and_decode_engines_are_eligible() -> None:
@@ -87,23 +103,23 @@ def test_disaggregated_pair_when_prefill_and_decode_engines_are_eligible() -> No
         engine("p0", "prefill"), engine("d0", "decode"), engine("d1", "decode"), engine("b0")
     )
     s.registry.entries["d0"].load.decoding = 5
-    plan = s.plan(100)
+    plan = s.plan(request(100))
     assert plan is not None and plan.prefill is not None
-    assert (plan.prefill.config.name, plan.decode.config.name) == ("p0", "d1")
+    assert (plan.prefill.name, plan.decode.name) == ("p0", "d1")
 
 
 def test_both_engines_serve_when_no_pair_is_eligible() -> None:
     s = scheduler(
         engine("p0", "prefill"), engine("d0", "decode"), engine("b0"), healthy={"p0", "b0"}
     )
-    plan = s.plan(1)
-    assert plan is not None and plan.prefill is None and plan.decode.config.name == "b0"
+    plan = s.plan(request(1))
+    assert plan is not None and plan.prefill is None and plan.decode.name == "b0"
 
 
 def test_round_robin_policy_rotates() -> None:
     s = scheduler(engine("a"), engine("b"), round_robin=True)
     s.registry.entries["a"].load.decoding = 100  # load is ignored
-    names = [s.plan(1).decode.config.name for _ in range(4)]  # type: ignore[union-attr]
+    names = [s.plan(request(1)).decode.name for _ in range(4)]  # type: ignore[union-attr]
     assert names == ["a", "b", "a", "b"]
 
 

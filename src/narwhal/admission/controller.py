@@ -1,36 +1,85 @@
-"""Admission decisions as a synchronous state machine (sans-IO).
+"""Admission decisions as a synchronous state machine (sans-IO), placement included.
 
-    arrive()            retention limit: hold one more request, or 429 (retention)
-    request_prefill(t)  start now, or wait in the queue, or 429 (queue full)
-    prefill_done(t)     first token in hand: the prefill slot becomes a decode slot
-    finish(t)           the request ends or leaves the queue: whatever it held is released
+    arrive()                 retention limit: hold one more request, or 429 (retention)
+    start(t, now)            placed now, queued, 429 (queue full) or unplaceable
+    prefill_answered(t, now) a P/D pair's prefill engine is done with it
+    first_token(t, now)      the prefill slot becomes a decode slot
+    retry(t, failed, now)    the attempt failed before headers: placed again elsewhere
+    finish(t, now)           the request ends or leaves the queue: all it held is released
+    reconsider(now)          eligibility changed (health, drain, maintenance, profiles)
 
-Every call that frees capacity returns the queued tickets that may start now, in queue
-order; the caller wakes them. A request may start when a prefill slot is free and the
-decode phase has room for it too (requests in prefill count against the decode limit,
-since each of them will need a decode slot at its first token).
+A request starts when the router has a global prefill slot for it, the decode phase has
+room too (requests in prefill count against the decode limit, since each will need a
+decode slot at its first token), and the scheduler finds an engine (or a P/D pair) with
+room under its own limits. Otherwise it waits in the one admission queue, under
+`queue_limit` and the admission wait, whatever it is waiting for: a global slot or an
+engine's. There is no second queue: engine limits are checked here, not by the caller.
 
-The predictive check (projected TTFT against the budget) slots in between arrive() and
-request_prefill(), without changing either.
+Every call that frees capacity returns a `Wakeups`: the queued tickets that were placed
+(in queue order) and those that can no longer be placed anywhere (every eligible engine
+failed them, or none is left); the caller wakes them. A waking pass stops at the first
+ticket that finds no room, unless that ticket is a retry confined to fewer engines than
+the others, so a newcomer never overtakes a request that could use the same engines.
+
+The controller moves each ticket through its phases and keeps both the global counts
+and every engine's `EngineLoad` in step; nothing else writes them. A `PlacementListener`
+(the performance models) hears of each transition with its time, in the same call.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+from typing import Protocol
+
 from narwhal.admission.queue import AdmissionQueue, Ticket, TicketState
 from narwhal.errors import CapacityRejected
+from narwhal.scheduler.scheduler import NoCapacity, Plan, Scheduler
+
+
+class PlacementListener(Protocol):
+    def placed(self, ticket: Ticket, plan: Plan, now: float) -> None: ...
+
+    def prefill_answered(self, ticket: Ticket, plan: Plan, now: float) -> None: ...
+
+    def first_token(self, ticket: Ticket, plan: Plan, now: float) -> None: ...
+
+    def released(self, ticket: Ticket, plan: Plan, now: float, *, decoded: bool) -> None:
+        """The placement ended: request finished or failed (`decoded`: past its first
+        token), or an attempt is retried elsewhere."""
+        ...
+
+
+@dataclass(slots=True)
+class Wakeups:
+    started: list[Ticket] = field(default_factory=list)
+    unplaceable: list[Ticket] = field(default_factory=list)
+
+    def __bool__(self) -> bool:
+        return bool(self.started or self.unplaceable)
 
 
 class Admission:
     def __init__(
-        self, *, max_retained: int, queue_limit: int, prefill_limit: int, decode_limit: int
+        self,
+        scheduler: Scheduler,
+        *,
+        max_retained: int,
+        queue_limit: int,
+        prefill_limit: int,
+        decode_limit: int,
+        listener: PlacementListener | None = None,
     ) -> None:
+        self.scheduler = scheduler
         self.max_retained = max_retained
         self.prefill_limit = prefill_limit
         self.decode_limit = decode_limit
         self.queue = AdmissionQueue(queue_limit)
+        self.listener = listener
         self.retained = 0
         self.prefill_in_use = 0
         self.decode_in_use = 0
+
+    # --- retention -----------------------------------------------------------------------
 
     def arrive(self) -> None:
         """Hold one more request, or raise 429 when the retention limit is full."""
@@ -45,41 +94,97 @@ class Admission:
         """A held request is gone (paired with every successful arrive())."""
         self.retained -= 1
 
-    def request_prefill(self, ticket: Ticket) -> bool:
-        """True: start now. False: queued. Raises 429 when the queue is full."""
-        if not len(self.queue) and self._room():
-            self._start(ticket)
-            return True
-        if not self.queue.has_room():
+    # --- placement ------------------------------------------------------------------------
+
+    def start(self, ticket: Ticket, now: float) -> Wakeups:
+        """Place the ticket now, or queue it. Afterwards `ticket.state` is PREFILL
+        (placed, `ticket.plan` set), QUEUED, or NEW with the ticket among the result's
+        `unplaceable` (no eligible engine is left for it). The result also names every
+        other ticket this call placed. Raises 429 when the queue is full; a retry is
+        queued regardless, since it was admitted already."""
+        if not len(self.queue):
+            placed = self._place(ticket, now)
+            if placed is True:
+                return Wakeups(started=[ticket])
+            if placed is None:
+                return Wakeups(unplaceable=[ticket])
+        elif not self.scheduler.could_place(ticket.excluded):
+            return Wakeups(unplaceable=[ticket])
+        self.queue.push(ticket)
+        # Those ahead could not be placed; the newcomer may, if they wait on engines it
+        # does not need (retries confined to fewer engines). Nothing else can start in
+        # this pass: no capacity was freed.
+        wakeups = self._wake(now) if len(self.queue) > 1 else Wakeups()
+        if (
+            ticket.state is TicketState.QUEUED
+            and not ticket.retrying
+            and len(self.queue) > self.queue.limit
+        ):
+            self.queue.remove(ticket)
             raise CapacityRejected(
                 f"The admission queue is full ({self.queue.limit} waiting); retry shortly.",
                 reason="queue",
             )
-        self.queue.push(ticket)
-        return False
+        return wakeups
 
-    def prefill_done(self, ticket: Ticket) -> list[Ticket]:
-        if ticket.state is not TicketState.PREFILL:
-            return []
+    def prefill_answered(self, ticket: Ticket, now: float) -> Wakeups:
+        """A disaggregated pair's prefill engine answered: its prefill slot is free (the
+        request keeps the router's prefill slot until its first token)."""
+        plan = ticket.plan
+        if (
+            ticket.state is not TicketState.PREFILL
+            or plan is None
+            or plan.prefill is None
+            or ticket.prefill_released
+        ):
+            return Wakeups()
+        self._release_prefill_engine(ticket, plan)
+        if self.listener is not None:
+            self.listener.prefill_answered(ticket, plan, now)
+        return self._wake(now)
+
+    def first_token(self, ticket: Ticket, now: float) -> Wakeups:
+        """The first output is in hand: the prefill slot becomes a decode slot."""
+        plan = ticket.plan
+        if ticket.state is not TicketState.PREFILL or plan is None:
+            return Wakeups()
+        self._release_prefill_engine(ticket, plan)
         ticket.state = TicketState.DECODE
         self.prefill_in_use -= 1
         self.decode_in_use += 1
-        return self._wake()
+        plan.decode.load.decoding += 1
+        if self.listener is not None:
+            self.listener.first_token(ticket, plan, now)
+        return self._wake(now)
 
-    def finish(self, ticket: Ticket) -> list[Ticket]:
-        """Release whatever the ticket holds (a queue place, a slot); idempotent."""
-        state = ticket.state
-        if state is TicketState.QUEUED:
+    def retry(self, ticket: Ticket, failed: str, now: float) -> Wakeups:
+        """The current attempt failed on engine `failed` before headers: give back the
+        placement and place the ticket again (or queue it), never on an engine that
+        failed it; see `start` for the result."""
+        released = self._release(ticket, now)
+        ticket.excluded.add(failed)
+        ticket.retrying = True
+        wakeups = self._wake(now) if released else Wakeups()
+        again = self.start(ticket, now)
+        wakeups.started += again.started
+        wakeups.unplaceable += again.unplaceable
+        return wakeups
+
+    def finish(self, ticket: Ticket, now: float) -> Wakeups:
+        """Release whatever the ticket holds (a queue place, a placement); idempotent."""
+        if ticket.state is TicketState.QUEUED:
             self.queue.remove(ticket)
-            return []
+            ticket.state = TicketState.DONE
+            return Wakeups()
+        released = self._release(ticket, now)
         ticket.state = TicketState.DONE
-        if state is TicketState.PREFILL:
-            self.prefill_in_use -= 1
-        elif state is TicketState.DECODE:
-            self.decode_in_use -= 1
-        else:
-            return []
-        return self._wake()
+        return self._wake(now) if released else Wakeups()
+
+    def reconsider(self, now: float) -> Wakeups:
+        """Engines came or went: place who can be placed, fail who no longer can be."""
+        return self._wake(now)
+
+    # --- internals ------------------------------------------------------------------------
 
     def _room(self) -> bool:
         return (
@@ -87,16 +192,75 @@ class Admission:
             and self.prefill_in_use + self.decode_in_use < self.decode_limit
         )
 
-    def _start(self, ticket: Ticket) -> None:
+    def _place(self, ticket: Ticket, now: float) -> bool | None:
+        """True: placed. False: no room now. None: no eligible engine is left for it."""
+        if not self._room():
+            return False if self.scheduler.could_place(ticket.excluded) else None
+        try:
+            plan = self.scheduler.plan(ticket.request, ticket.excluded)
+        except NoCapacity:
+            return False
+        if plan is None:
+            return None
+        ticket.plan = plan
         ticket.state = TicketState.PREFILL
+        ticket.prefill_released = False
+        ticket.placed_at = now
         self.prefill_in_use += 1
+        first = plan.first.load
+        first.prefilling += 1
+        first.prefill_tokens += ticket.request.prompt_tokens
+        plan.decode.load.decode_bound += 1
+        if self.listener is not None:
+            self.listener.placed(ticket, plan, now)
+        return True
 
-    def _wake(self) -> list[Ticket]:
-        started: list[Ticket] = []
-        while self._room():
-            ticket = self.queue.pop()
+    def _release_prefill_engine(self, ticket: Ticket, plan: Plan) -> None:
+        if ticket.prefill_released:
+            return
+        ticket.prefill_released = True
+        first = plan.first.load
+        first.prefilling -= 1
+        first.prefill_tokens -= ticket.request.prompt_tokens
+
+    def _release(self, ticket: Ticket, now: float) -> bool:
+        """Give back the ticket's placement, if it holds one; True when it did."""
+        plan = ticket.plan
+        state = ticket.state
+        if plan is None or state not in (TicketState.PREFILL, TicketState.DECODE):
+            return False
+        self._release_prefill_engine(ticket, plan)
+        decode = plan.decode.load
+        decode.decode_bound -= 1
+        if state is TicketState.PREFILL:
+            self.prefill_in_use -= 1
+        else:
+            self.decode_in_use -= 1
+            decode.decoding -= 1
+        ticket.plan = None
+        ticket.state = TicketState.NEW
+        if self.listener is not None:
+            self.listener.released(ticket, plan, now, decoded=state is TicketState.DECODE)
+        return True
+
+    def _wake(self, now: float) -> Wakeups:
+        wakeups = Wakeups()
+        waiting: list[Ticket] = []  # popped, no room for them: back in the queue after
+        queue = self.queue
+        while len(queue):
+            ticket = queue.pop()
             if ticket is None:
                 break
-            self._start(ticket)
-            started.append(ticket)
-        return started
+            placed = self._place(ticket, now)
+            if placed is True:
+                wakeups.started.append(ticket)
+            elif placed is None:
+                ticket.state = TicketState.NEW
+                wakeups.unplaceable.append(ticket)
+            else:
+                waiting.append(ticket)
+                if not ticket.excluded:
+                    break  # everyone behind it could use no more engines than it could
+        for ticket in waiting:
+            queue.push(ticket)
+        return wakeups

@@ -1,41 +1,58 @@
-"""The async side of admission: waiting in the queue with a deadline, waking who may start.
+"""The async side of admission: waiting in the queue with a deadline, waking who may go.
 
-The decisions are `Admission`'s (sans-IO); this class only parks each queued request on a
-future and resolves the futures the controller names. A request leaves the queue when it
-is granted a slot, when its admission wait or original deadline expires (504
-terminal_expiry) or when its client goes away (the task is cancelled); in each case
-exactly what it held is released.
+The decisions are `Admission`'s (sans-IO); this class parks each queued request on a
+future and resolves the futures the controller names, placed or unplaceable. A request
+leaves the queue when it is placed, when its admission wait or original deadline expires
+(504 terminal_expiry), when no eligible engine is left for it (`Unplaceable`) or when
+its client goes away (the task is cancelled); in each case exactly what it held is
+released. Times passed to the controller come from `clock` (time.monotonic); deadlines
+are the event loop's clock, which is what asyncio's timers use.
 """
 
 from __future__ import annotations
 
 import asyncio
+import time
+from collections.abc import Callable
 
-from narwhal.admission.controller import Admission
+from narwhal.admission.controller import Admission, Wakeups
 from narwhal.admission.queue import Ticket, TicketState
-from narwhal.config import Config
 from narwhal.errors import CapacityRejected, TerminalExpiry
 from narwhal.metrics import RouterMetrics
 
 
+class Unplaceable(Exception):
+    """No eligible engine is left for this request (none at all, or every one failed it)."""
+
+
 class AdmissionGate:
-    def __init__(self, config: Config, metrics: RouterMetrics) -> None:
-        admission = config.admission
-        self.controller = Admission(
-            max_retained=config.serving.max_retained,
-            queue_limit=admission.queue_limit,
-            prefill_limit=admission.phase_concurrency.prefill,
-            decode_limit=admission.phase_concurrency.decode,
-        )
-        self._wait_timeout = admission.wait_timeout_s
+    def __init__(
+        self,
+        controller: Admission,
+        metrics: RouterMetrics,
+        *,
+        wait_timeout_s: float,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.controller = controller
+        self._wait_timeout = wait_timeout_s
         self._metrics = metrics
+        self._clock = clock
         self._waiters: dict[Ticket, asyncio.Future[None]] = {}
-        c = self.controller
+        c = controller
         # Read at scrape time: nothing to update on the hot path.
         metrics.retained.set_function(lambda: c.retained)
         metrics.queue_depth.set_function(lambda: len(c.queue))
         metrics.prefill_slots.set_function(lambda: c.prefill_in_use)
         metrics.decode_slots.set_function(lambda: c.decode_in_use)
+        for entry in c.scheduler.registry.entries.values():
+            load = entry.load
+            metrics.engine_requests.labels(entry.name, "prefill").set_function(
+                lambda load=load: load.prefilling  # type: ignore[misc]
+            )
+            metrics.engine_requests.labels(entry.name, "decode").set_function(
+                lambda load=load: load.decoding  # type: ignore[misc]
+            )
 
     def hold(self) -> None:
         """Count the request against the retention limit, or raise 429 (retention)."""
@@ -49,21 +66,33 @@ class AdmissionGate:
         self.controller.leave()
 
     async def admit(self, ticket: Ticket, deadline: float) -> None:
-        """Return once the ticket holds a prefill slot; `deadline` is the request's (loop time).
-
-        Raises 429 when the queue is full and 504 when the admission wait or the deadline
-        expires first.
-        """
+        """Return once the ticket is placed (`ticket.plan`); `deadline` is the request's
+        (loop time). Raises 429 when the queue is full, 504 when the admission wait or the
+        deadline expires first, and Unplaceable when no eligible engine is left."""
         loop = asyncio.get_running_loop()
         started = loop.time()
         try:
-            granted = self.controller.request_prefill(ticket)
+            wakeups = self.controller.start(ticket, self._clock())
         except CapacityRejected as rejection:
             self._metrics.rejected.labels(rejection.reason).inc()
             raise
-        if not granted:
-            await self._wait(ticket, started, deadline)
+        await self._settle(ticket, wakeups, started, deadline)
         self._metrics.admission_wait.observe(loop.time() - started)
+
+    async def retry(self, ticket: Ticket, failed: str, deadline: float) -> None:
+        """Place a ticket whose attempt failed on engine `failed` again, elsewhere; the
+        same waits and errors as `admit` (but never a full queue: it was admitted)."""
+        wakeups = self.controller.retry(ticket, failed, self._clock())
+        await self._settle(ticket, wakeups, asyncio.get_running_loop().time(), deadline)
+
+    async def _settle(
+        self, ticket: Ticket, wakeups: Wakeups, started: float, deadline: float
+    ) -> None:
+        self._wake(wakeups, ticket)
+        if ticket in wakeups.unplaceable:
+            raise Unplaceable()
+        if ticket.state is TicketState.QUEUED:
+            await self._wait(ticket, started, deadline)
 
     async def _wait(self, ticket: Ticket, started: float, deadline: float) -> None:
         wait_until = started + self._wait_timeout
@@ -75,27 +104,45 @@ class AdmissionGate:
                 await future
         except TimeoutError:
             if ticket.state is TicketState.QUEUED:
-                self.controller.finish(ticket)
+                self.controller.finish(ticket, self._clock())
                 self._metrics.expired.labels(stage).inc()
                 raise TerminalExpiry(
                     "The request expired waiting for admission."
                     if stage == "admission_wait"
                     else "The request deadline expired before the response started."
                 ) from None
-            # Granted in the same instant the wait expired: take the slot.
+            if ticket.state is not TicketState.PREFILL:
+                raise Unplaceable() from None
+            # Placed in the same instant the wait expired: take the placement.
         finally:
             self._waiters.pop(ticket, None)
+            if future.done() and not future.cancelled():
+                future.exception()  # retrieved, whoever raised first
+
+    def prefill_answered(self, ticket: Ticket) -> None:
+        """A P/D pair's prefill engine answered: its slot there is free."""
+        self._wake(self.controller.prefill_answered(ticket, self._clock()))
 
     def first_token(self, ticket: Ticket) -> None:
         """The first output is in hand: the prefill slot becomes a decode slot."""
-        self._wake(self.controller.prefill_done(ticket))
+        self._wake(self.controller.first_token(ticket, self._clock()))
 
     def release(self, ticket: Ticket) -> None:
         """The request is over: free whatever it holds (idempotent)."""
-        self._wake(self.controller.finish(ticket))
+        self._wake(self.controller.finish(ticket, self._clock()))
 
-    def _wake(self, tickets: list[Ticket]) -> None:
-        for ticket in tickets:
+    def reconsider(self) -> None:
+        """Engines came or went: place or fail the waiting requests accordingly."""
+        self._wake(self.controller.reconsider(self._clock()))
+
+    def _wake(self, wakeups: Wakeups, caller: Ticket | None = None) -> None:
+        for ticket in wakeups.started:
             future = self._waiters.get(ticket)
             if future is not None and not future.done():
                 future.set_result(None)
+        for ticket in wakeups.unplaceable:
+            if ticket is caller:
+                continue
+            future = self._waiters.get(ticket)
+            if future is not None and not future.done():
+                future.set_exception(Unplaceable())

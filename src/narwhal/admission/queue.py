@@ -1,8 +1,10 @@
-"""The admission queue (sans-IO): bounded, FIFO within a priority class.
+"""Admission tickets and the admission queue (sans-IO): bounded, FIFO within a priority class.
 
 Priority is a small integer (lower is served first) that callers may take from a request
 header later; every caller today uses the default class, which makes the queue plain
-FIFO. A ticket that leaves early (admission wait expired, client gone) is removed lazily.
+FIFO. A ticket keeps its sequence number for life, so a retry that has to wait again
+goes back to where its request first stood, ahead of later arrivals. A ticket that
+leaves early (admission wait expired, client gone) is removed lazily.
 """
 
 from __future__ import annotations
@@ -11,16 +13,22 @@ import heapq
 import itertools
 from dataclasses import dataclass, field
 from enum import Enum
+from typing import TYPE_CHECKING
+
+from narwhal.scheduler.placement import PlacementRequest
+
+if TYPE_CHECKING:
+    from narwhal.scheduler.scheduler import Plan
 
 DEFAULT_PRIORITY = 0
 
 
 class TicketState(Enum):
-    NEW = "new"
+    NEW = "new"  # holds nothing (not admitted yet, or between two attempts)
     QUEUED = "queued"
-    PREFILL = "prefill"  # holds a prefill slot (dispatched, first token not yet in hand)
-    DECODE = "decode"  # holds a decode slot (first token in hand, until the last event)
-    DONE = "done"  # holds nothing
+    PREFILL = "prefill"  # placed: holds a prefill slot until its first token
+    DECODE = "decode"  # first token in hand: holds a decode slot until its last event
+    DONE = "done"  # holds nothing, for good
 
 
 _sequence = itertools.count()
@@ -28,12 +36,21 @@ _sequence = itertools.count()
 
 @dataclass(eq=False, slots=True)
 class Ticket:
-    """One admitted request's place in admission; identity is the object itself."""
+    """One request's place in admission; identity is the object itself.
 
-    prompt_tokens: int
+    `plan` is where it runs while it is placed (PREFILL or DECODE); `excluded` names
+    the engines that failed it, which a retry must avoid.
+    """
+
+    request: PlacementRequest
     priority: int = DEFAULT_PRIORITY
     seq: int = field(default_factory=lambda: next(_sequence))
     state: TicketState = TicketState.NEW
+    plan: Plan | None = None
+    excluded: set[str] = field(default_factory=set)
+    retrying: bool = False  # admitted already: a full queue does not turn it away
+    prefill_released: bool = False  # a P/D pair's prefill engine is done with it
+    placed_at: float = 0.0  # when the current plan was made (monotonic seconds)
 
 
 class AdmissionQueue:
@@ -49,7 +66,7 @@ class AdmissionQueue:
         return self._size < self.limit
 
     def push(self, ticket: Ticket) -> None:
-        assert self.has_room(), "push() on a full queue"
+        """Queue the ticket (the caller has checked the limit, or is re-queueing)."""
         ticket.state = TicketState.QUEUED
         heapq.heappush(self._heap, (ticket.priority, ticket.seq, ticket))
         self._size += 1
@@ -67,6 +84,6 @@ class AdmissionQueue:
         """Take a queued ticket out (it stays in the heap until popped, marked gone)."""
         if ticket.state is not TicketState.QUEUED:
             return False
-        ticket.state = TicketState.DONE
+        ticket.state = TicketState.NEW
         self._size -= 1
         return True

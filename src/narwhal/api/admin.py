@@ -10,6 +10,7 @@ from __future__ import annotations
 import hmac
 import ipaddress
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 import msgspec
 from aiohttp import web
@@ -32,8 +33,14 @@ class _UnknownEngine(NarwhalError):
 
 
 class AdminRoutes:
-    def __init__(self, dispatcher: Dispatcher, admin_token: str | None) -> None:
+    def __init__(
+        self,
+        dispatcher: Dispatcher,
+        report: Callable[[], list[dict[str, Any]]],
+        admin_token: str | None,
+    ) -> None:
         self._dispatcher = dispatcher
+        self._report = report
         self._token = admin_token
 
     def add_to(self, app: web.Application) -> None:
@@ -76,7 +83,7 @@ class AdminRoutes:
         raise _Forbidden("Admin routes answer on loopback, or with the admin bearer token.")
 
     async def _engines(self, request: web.Request) -> web.Response:
-        return json_response({"engines": self._dispatcher.engine_report()})
+        return json_response({"engines": self._report()})
 
     async def _set_drained(self, request: web.Request, drained: bool) -> web.Response:
         name = request.match_info["name"]

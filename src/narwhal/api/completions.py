@@ -14,10 +14,11 @@ import time
 from aiohttp import web
 
 from narwhal.api.body import BodyIncomplete, BodyLate, read_limited_body
+from narwhal.api.relay import relay_stream
 from narwhal.api.request_id import HEADER as REQUEST_ID_HEADER
 from narwhal.api.request_id import current_request_id
-from narwhal.api.responses import error_response
-from narwhal.api.service import CompletionService, RequestContext
+from narwhal.api.responses import error_response, json_response
+from narwhal.api.service import Assembled, CompletionService, RequestContext, StreamLease
 from narwhal.config import Config
 from narwhal.errors import InvalidRequest, NarwhalError, RouterUnavailable, TerminalExpiry
 from narwhal.metrics import RouterMetrics
@@ -76,9 +77,14 @@ class CompletionFront:
                 arrived=arrived,
                 deadline=deadline,
                 prompt_tokens=prompt_tokens,
+                authorization=http.headers.get("Authorization"),
             )
             sized = True
-            response, outcome = await self._service.serve(parsed, context, http)
+            served = await self._service.serve(parsed, context)
+            if isinstance(served, Assembled):
+                outcome = "completed"
+                return json_response(served.body, request_id=request_id)
+            response, outcome = await self._relay(http, served)
             return response
         except NarwhalError as error:
             outcome = error.outcome
@@ -110,6 +116,19 @@ class CompletionFront:
             return error_response(NarwhalError("Internal router error."), request_id)
         finally:
             metrics.count_outcome(outcome)
+
+    async def _relay(self, http: web.Request, lease: StreamLease) -> tuple[web.StreamResponse, str]:
+        """Write the leased stream to the client; the lease is finished whatever happens."""
+        outcome = "client_gone"  # if this task is cancelled (the client went away)
+        try:
+            response, outcome = await relay_stream(
+                http, lease.stream, lease.first, lease.context.request_id, lease.deadline
+            )
+            if outcome == "completed":
+                await lease.drain()
+            return response, outcome
+        finally:
+            lease.finish(outcome)
 
     def _timeout(self, http: web.Request) -> float:
         """Seconds until the original deadline: the configured one, or shorter if asked."""

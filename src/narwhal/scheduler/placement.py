@@ -1,9 +1,14 @@
-"""Choosing an engine for a request (sans-IO).
+"""What placement decides on: the request's size, each engine's load, a scorer (sans-IO).
 
-A `Scorer` turns an engine's state into a cost; the scheduler picks the cheapest eligible
-engine, breaking ties at random with the generator it is given, so tests are exact.
-The default scorer counts the work Narwhal itself has placed on the engine; prediction
-replaces it with a projected TTFT/TPOT without changing callers.
+A `PlacementRequest` is what the scheduler knows of a request: its sized prompt, the
+client's output cap and the output length Narwhal expects. `EngineLoad` is the work
+Narwhal itself has on an engine, in each phase; the engine's own view (its last metrics
+scrape) and its performance model live beside it on the registry's `EngineEntry`.
+
+A `Scorer` turns an engine's state into a cost for one phase of one request; the
+scheduler picks the cheapest eligible engine, breaking ties at random with the generator
+it is given, so tests are exact. `InFlightScorer` counts requests; the predictive scorer
+(`narwhal.models.scoring`) projects seconds instead, without changing any caller.
 """
 
 from __future__ import annotations
@@ -11,28 +16,60 @@ from __future__ import annotations
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Literal, Protocol, TypeVar
+
+from narwhal.protocol.requests import Route
+
+if TYPE_CHECKING:
+    from narwhal.scheduler.registry import EngineEntry
+
+Phase = Literal["both", "prefill", "decode"]
+
+
+@dataclass(frozen=True, slots=True)
+class PlacementRequest:
+    """One request as placement sees it (sized once, at arrival)."""
+
+    route: Route
+    prompt_tokens: int
+    max_tokens: int | None  # the client's output cap, when it set one
+    predicted_output: float  # output tokens expected (learned), within the cap
+
+    @classmethod
+    def sized(
+        cls, route: Route, prompt_tokens: int, max_tokens: int | None = None
+    ) -> PlacementRequest:
+        """A request whose output length is not predicted (tests, open mode before any
+        learning): the cap, or one token."""
+        return cls(route, prompt_tokens, max_tokens, float(max_tokens or 1))
 
 
 @dataclass(slots=True)
 class EngineLoad:
-    """What Narwhal has placed on one engine and is still in flight."""
+    """What Narwhal has placed on one engine and is still in flight.
 
-    name: str
-    prefilling: int = 0  # requests before their first token (or the prefill answer)
-    decoding: int = 0  # requests from their first token to their last event
-    prefill_tokens: int = 0  # prompt tokens of the requests still prefilling
-    # Corrections from the engine's own metrics (the last good scrape), when it has them.
-    engine_running: float = 0.0
-    engine_waiting: float = 0.0
+    Written only by admission (`narwhal.admission.controller`), which moves a request
+    through its phases once: placed (`prefilling` here, or on its prefill engine, and
+    `decode_bound` here), prefill done, first token (`decoding`), finished.
+    """
+
+    prefilling: int = 0  # requests whose prefill runs here and has not finished
+    prefill_tokens: int = 0  # their prompt tokens
+    decode_bound: int = 0  # requests that decode here, in prefill (here or elsewhere) or decoding
+    decoding: int = 0  # of those, the ones past their first token
 
     @property
     def in_flight(self) -> int:
-        return self.prefilling + self.decoding
+        """Requests this engine works on or will work on, each counted once (a `both`
+        engine's requests in prefill are in both counts; a prefill engine has no decode
+        work and a decode engine no prefill work)."""
+        return max(self.prefilling, self.decode_bound)
 
 
 class Scorer(Protocol):
-    def cost(self, load: EngineLoad, prompt_tokens: int) -> float: ...
+    def cost(self, entry: EngineEntry, request: PlacementRequest, phase: Phase) -> float:
+        """Lower is better; compared only between engines of one phase."""
+        ...
 
 
 class InFlightScorer:
@@ -47,26 +84,29 @@ class InFlightScorer:
     def __init__(self, prompt_tokens_per_request: float = 1024.0) -> None:
         self._unit = prompt_tokens_per_request
 
-    def cost(self, load: EngineLoad, prompt_tokens: int) -> float:
-        running = max(load.in_flight, load.engine_running)
-        return running + load.engine_waiting + load.prefill_tokens / self._unit
+    def cost(self, entry: EngineEntry, request: PlacementRequest, phase: Phase) -> float:
+        load = entry.load
+        scrape = entry.scrape
+        running = float(load.decoding + load.prefilling)
+        waiting = 0.0
+        if scrape is not None:
+            running = max(running, scrape.running or 0.0)
+            waiting = scrape.waiting or 0.0
+        return running + waiting + load.prefill_tokens / self._unit
 
 
-def choose(
-    candidates: Sequence[EngineLoad],
-    scorer: Scorer,
-    prompt_tokens: int,
-    rng: random.Random,
-) -> EngineLoad | None:
-    """The cheapest candidate (ties broken at random), or None when there is none."""
-    best: list[EngineLoad] = []
+T = TypeVar("T")
+
+
+def cheapest(candidates: Sequence[T], costs: Sequence[float], rng: random.Random) -> T | None:
+    """The candidate of least cost (ties broken at random), or None when there is none."""
+    best: list[T] = []
     best_cost = 0.0
-    for load in candidates:
-        cost = scorer.cost(load, prompt_tokens)
+    for candidate, cost in zip(candidates, costs, strict=True):
         if not best or cost < best_cost:
-            best, best_cost = [load], cost
+            best, best_cost = [candidate], cost
         elif cost == best_cost:
-            best.append(load)
+            best.append(candidate)
     if not best:
         return None
     return best[0] if len(best) == 1 else rng.choice(best)

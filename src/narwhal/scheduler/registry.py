@@ -1,29 +1,47 @@
-"""The engine registry: who is in the fleet, who may take work, and what each is doing.
+"""The engine registry: who is in the fleet, who may take work, and each engine's view.
 
-Placement eligibility (an engine may take a new request of a phase) is: healthy (the
-fleet monitor's verdict, injected as a predicate), not drained, not in an active
-maintenance wave, serving the configured model (every configured engine does), and of a
-role that serves the phase. Drain and maintenance are operator decisions made at run
-time through the admin routes; neither touches work already placed.
+Each engine has one `EngineEntry`, the one place its state is read from: its
+configuration, the work Narwhal has placed there (`load`, written only by admission),
+and the fleet monitor's live health and last good metrics scrape (written only by the
+monitor).
+
+Placement eligibility (an engine may take a new request of a phase) is: placeable by
+the fleet monitor (healthy, metrics fresh, serving the model), ready by any other gate
+the router adds (predictive admission: profiled), not drained, not in an active
+maintenance wave, and of a role that serves the phase. Drain and maintenance are
+operator decisions made at run time through the admin routes; neither touches work
+already placed.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import Literal
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from narwhal.config import EngineConfig
-from narwhal.scheduler.placement import EngineLoad
+from narwhal.scheduler.placement import EngineLoad, Phase
 
-Phase = Literal["both", "prefill", "decode"]
+if TYPE_CHECKING:
+    from narwhal.fleet.scrape import EngineScrape
+    from narwhal.fleet.state import EngineHealth
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, eq=False)
 class EngineEntry:
     config: EngineConfig
-    load: EngineLoad
+    load: EngineLoad = field(default_factory=EngineLoad)
+    health: EngineHealth | None = None  # the fleet monitor's live state; read, never written
     drained: bool = False
+
+    @property
+    def name(self) -> str:
+        return self.config.name
+
+    @property
+    def scrape(self) -> EngineScrape | None:
+        """The engine's load as its own metrics last said (None: never read)."""
+        return None if self.health is None else self.health.last_scrape
 
 
 class EngineRegistry:
@@ -32,11 +50,10 @@ class EngineRegistry:
         engines: Sequence[EngineConfig],
         healthy: Callable[[str], bool] = lambda name: True,
     ) -> None:
-        self.entries: dict[str, EngineEntry] = {
-            e.name: EngineEntry(e, EngineLoad(e.name)) for e in engines
-        }
+        self.entries: dict[str, EngineEntry] = {e.name: EngineEntry(e) for e in engines}
         self.active_waves: set[int] = set()
         self._healthy = healthy
+        self._ready: Callable[[EngineEntry], bool] = lambda entry: True
         # Eligible engines by phase, computed once per change rather than per request.
         self._candidates: dict[Phase, list[EngineEntry]] = {}
 
@@ -45,6 +62,12 @@ class EngineRegistry:
 
     def set_health_predicate(self, healthy: Callable[[str], bool]) -> None:
         self._healthy = healthy
+        self.invalidate()
+
+    def set_ready_predicate(self, ready: Callable[[EngineEntry], bool]) -> None:
+        """A further gate on placement (predictive admission: the engine is profiled);
+        call `invalidate()` whenever its answer may have changed."""
+        self._ready = ready
         self.invalidate()
 
     def invalidate(self) -> None:
@@ -67,12 +90,14 @@ class EngineRegistry:
         self.invalidate()
 
     def state(self, entry: EngineEntry) -> str:
-        """A word for operators: up, down, drained or maintenance."""
+        """A word for operators: up, down, drained, maintenance or unprofiled."""
         if entry.config.wave is not None and entry.config.wave in self.active_waves:
             return "maintenance"
         if entry.drained:
             return "drained"
-        return "up" if self._healthy(entry.config.name) else "down"
+        if not self._healthy(entry.config.name):
+            return "down"
+        return "up" if self._ready(entry) else "unprofiled"
 
     def eligible(self, entry: EngineEntry) -> bool:
         return self.state(entry) == "up"

@@ -3,7 +3,13 @@
 Configuration decides the path: when the fleet has eligible prefill and decode engines,
 requests take the disaggregated path (vLLM's P/D handshake); otherwise a `both` engine
 serves the whole request. Within a phase the cheapest eligible engine by the scorer wins,
-ties broken at random; engines at their own phase limit are skipped.
+ties broken at random; engines at their own phase limit are skipped, and when every
+eligible engine is at its limit the request must wait (`NoCapacity`).
+
+Per-engine limits (`engines[].phase_concurrency`): `prefill` caps the requests in
+prefill on the engine; `decode` caps the requests that will decode there, counted from
+their placement (a request in prefill holds its decode place already, as the global
+decode limit counts it too), so an engine never gets more decode work than its limit.
 """
 
 from __future__ import annotations
@@ -12,8 +18,8 @@ import random
 from collections.abc import Collection
 from dataclasses import dataclass
 
-from narwhal.scheduler.placement import InFlightScorer, Scorer, choose
-from narwhal.scheduler.registry import EngineEntry, EngineRegistry, Phase
+from narwhal.scheduler.placement import InFlightScorer, Phase, PlacementRequest, Scorer, cheapest
+from narwhal.scheduler.registry import EngineEntry, EngineRegistry
 
 
 @dataclass(frozen=True, slots=True)
@@ -22,6 +28,20 @@ class Plan:
 
     decode: EngineEntry
     prefill: EngineEntry | None = None
+
+    @property
+    def first(self) -> EngineEntry:
+        """The engine that works on the request first (its prefill)."""
+        return self.prefill or self.decode
+
+    def engines(self) -> tuple[EngineEntry, ...]:
+        return (self.decode,) if self.prefill is None else (self.prefill, self.decode)
+
+    def describe(self) -> str:
+        """For logs: "engine d0", or "prefill p0, decode d0"."""
+        if self.prefill is None:
+            return f"engine {self.decode.name}"
+        return f"prefill {self.prefill.name}, decode {self.decode.name}"
 
 
 class NoCapacity(Exception):
@@ -38,7 +58,7 @@ class Scheduler:
         round_robin: bool = False,
     ) -> None:
         self.registry = registry
-        self.scorer = scorer or InFlightScorer()
+        self.scorer: Scorer = scorer or InFlightScorer()
         self._rng = rng or random.Random()
         self._round_robin = round_robin
         self._turn: dict[Phase, int] = {}
@@ -50,53 +70,67 @@ class Scheduler:
             return True
         return bool(registry.candidates("both"))
 
-    def plan(self, prompt_tokens: int, exclude: Collection[str] = ()) -> Plan | None:
-        """A placement, None when no engine is eligible, NoCapacity when all are busy."""
+    def could_place(self, exclude: Collection[str] = ()) -> bool:
+        """Whether an eligible placement avoiding `exclude` exists, room or not."""
+        registry = self.registry
+        if _any_left(registry.candidates("prefill"), exclude) and _any_left(
+            registry.candidates("decode"), exclude
+        ):
+            return True
+        return _any_left(registry.candidates("both"), exclude)
+
+    def plan(self, request: PlacementRequest, exclude: Collection[str] = ()) -> Plan | None:
+        """A placement avoiding the engines in `exclude` (they failed this request);
+        None when no eligible engine is left, NoCapacity when all are at their limits."""
         registry = self.registry
         prefills = registry.candidates("prefill")
         decodes = registry.candidates("decode")
         if prefills and decodes:
-            # A retry takes a new pair; a fleet with one prefill engine may reuse it.
-            prefill = self._pick(prefills, "prefill", prompt_tokens, ())
-            decode = self._pick(decodes, "decode", prompt_tokens, exclude)
+            prefill = self._pick(prefills, "prefill", request, exclude)
+            decode = self._pick(decodes, "decode", request, exclude)
             if prefill is not None and decode is not None:
                 return Plan(decode=decode, prefill=prefill)
         boths = registry.candidates("both")
         if not boths:
             return None
-        engine = self._pick(boths, "both", prompt_tokens, exclude)
+        engine = self._pick(boths, "both", request, exclude)
         return None if engine is None else Plan(decode=engine)
 
     def _pick(
         self,
         entries: list[EngineEntry],
         phase: Phase,
-        prompt_tokens: int,
+        request: PlacementRequest,
         exclude: Collection[str],
     ) -> EngineEntry | None:
-        # A retry goes to another placement, never back to an engine that just failed it.
-        fresh = [e for e in entries if e.config.name not in exclude]
+        # A retry goes to another placement, never back to an engine that failed it.
+        fresh = [e for e in entries if e.name not in exclude] if exclude else entries
         if not fresh:
             return None
-        open_ = [e for e in fresh if _has_room(e, phase)]
+        open_ = [e for e in fresh if has_room(e, phase)]
         if not open_:
             raise NoCapacity()
         if self._round_robin:
             turn = self._turn.get(phase, 0)
             self._turn[phase] = turn + 1
             return open_[turn % len(open_)]
-        by_name = {e.config.name: e for e in open_}
-        load = choose([e.load for e in open_], self.scorer, prompt_tokens, self._rng)
-        return None if load is None else by_name[load.name]
+        if len(open_) == 1:
+            return open_[0]
+        scorer = self.scorer
+        costs = [scorer.cost(e, request, phase) for e in open_]
+        return cheapest(open_, costs, self._rng)
 
 
-def _has_room(entry: EngineEntry, phase: Phase) -> bool:
+def _any_left(entries: list[EngineEntry], exclude: Collection[str]) -> bool:
+    return any(e.name not in exclude for e in entries) if exclude else bool(entries)
+
+
+def has_room(entry: EngineEntry, phase: Phase) -> bool:
+    """Whether the engine's own limits admit one more request of `phase`."""
     limits = entry.config.phase_concurrency
     load = entry.load
-    prefill_full = limits.prefill is not None and load.prefilling >= limits.prefill
-    decode_full = limits.decode is not None and load.decoding >= limits.decode
-    if phase == "prefill":
-        return not prefill_full
-    if phase == "decode":
-        return not decode_full
-    return not (prefill_full or decode_full)
+    if phase != "decode" and limits.prefill is not None and load.prefilling >= limits.prefill:
+        return False
+    return not (
+        phase != "prefill" and limits.decode is not None and load.decode_bound >= limits.decode
+    )

@@ -1,4 +1,4 @@
-"""Relaying an engine stream to a streaming client, or assembling it for a non-streaming one.
+"""Relaying an engine stream to a streaming client: the client side of a `StreamLease`.
 
 Headers sent means status fixed. The relay is handed a stream whose first events are
 already in hand and validated (the dispatcher reads them before anything goes to the
@@ -237,9 +237,3 @@ class _Pump:
     def _finish(self, result: object) -> None:
         self._stream.push(None)
         self.finished.set_result(result)
-
-
-async def collect(stream: EngineStream) -> None:
-    """Read the whole engine stream into its collector (non-streaming clients)."""
-    while await stream.read() is not None:
-        pass
