@@ -12,6 +12,7 @@ from typing import Any
 
 import msgspec
 
+from narwhal.bench.admission import outcome
 from narwhal.bench.record import Record
 from narwhal.bench.runner import StageResult
 from narwhal.bench.session import BenchResult
@@ -186,6 +187,9 @@ def record_dict(r: Record, result: BenchResult) -> dict[str, Any]:
         "start_s": r.start,
         "status": r.status or None,
         "error": r.error,
+        "error_code": r.code,
+        "retry_after_s": r.retry_after,
+        "admission": outcome(r),
         "ttft_s": r.ttft,
         "tpot_s": record_tpot(r),
         "last_token_s": r.last_token,
