@@ -9,6 +9,12 @@ usage-only chunk, then `[DONE]`. A directive in the prompt picks a fault:
 `#fault:429`, `#fault:truncate` (connection dropped mid-stream),
 `#fault:error` (an error event after two tokens), `#fault:nodone` (no
 `[DONE]`), `#fault:slow` (a 2 s pause before the first token).
+
+Body keys steer it too (a `--dataset` line sends its other keys as they are):
+`test_first_delay` (seconds before the first token), and `test_error`, an object
+that makes the answer an OpenAI error envelope instead: `status` (default 429),
+`code`, `retry_after` (the Retry-After header) and `pad` (that many bytes of
+padding ahead of the `error` object, for a body too large to read whole).
 """
 
 from __future__ import annotations
@@ -53,6 +59,8 @@ async def _generate(request: web.Request, chat: bool) -> web.StreamResponse:
     if "#fault:429" in prompt:
         error = {"message": "busy", "type": "rate_limit", "param": None, "code": 429}
         return web.json_response({"error": error}, status=429)
+    if "test_error" in body:
+        return _error_answer(body["test_error"])
     if not body.get("stream"):
         text = "".join(f" w{i}" for i in range(n))
         choice: dict[str, Any] = {"index": 0, "finish_reason": "length"}
@@ -71,6 +79,8 @@ async def _generate(request: web.Request, chat: bool) -> web.StreamResponse:
     await resp.prepare(request)
     if "#fault:slow" in prompt:
         await asyncio.sleep(2.0)
+    if "test_first_delay" in body:
+        await asyncio.sleep(float(body["test_first_delay"]))
     if chat:
         role = {"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}
         await resp.write(_chunk(obj, "r", role, prompt_token_ids=[1, 2, 3] if ids_on else None))
@@ -104,6 +114,15 @@ async def _generate(request: web.Request, chat: bool) -> web.StreamResponse:
         await resp.write(b"data: [DONE]\n\n")
     await resp.write_eof()
     return resp
+
+
+def _error_answer(spec: dict[str, Any]) -> web.Response:
+    error = {"message": "refused", "type": "rate_limit_error", "param": None}
+    error["code"] = spec.get("code")
+    envelope: dict[str, Any] = {"pad": "x" * spec["pad"]} if "pad" in spec else {}
+    envelope["error"] = error
+    headers = {"Retry-After": str(spec["retry_after"])} if "retry_after" in spec else None
+    return web.json_response(envelope, status=spec.get("status", 429), headers=headers)
 
 
 async def _chat(request: web.Request) -> web.StreamResponse:

@@ -59,6 +59,7 @@ def test_closed_loop_json_and_table(
     assert status == 0
     assert "requests      20 (ok 20, errors 0)" in out
     assert "TTFT" in out and "attainment 100.0%" in out and "client CPU" in out
+    assert "admission" not in out and "refusal" not in out  # no 429: the report is as before
     doc = load(out_json)
     assert doc["schema"] == "narwhal-bench/1"
     assert doc["config"]["model"] == "test-model"  # asked /v1/models
@@ -100,6 +101,72 @@ def test_errors_are_grouped_and_counts_add_up(
     assert "engine died" in doc["error_samples"]["error_event"]
     assert "ClientPayloadError" in doc["error_samples"]["truncated"]
     assert "first error of each kind:" in out
+
+
+ADMISSION_LINES = [
+    {"prompt": "plain"},
+    {"prompt": "plain"},
+    {"prompt": "plain"},
+    {"prompt": "late", "test_first_delay": 0.5},  # admitted, misses --slo-ttft 0.25
+    {"prompt": "#fault:error"},  # admitted, failed: a miss
+    {"prompt": "down", "test_error": {"status": 503, "code": "backend_unavailable"}},
+    {"prompt": "r1", "test_error": {"code": "ttft_budget_exceeded", "retry_after": 1}},
+    {"prompt": "r3", "test_error": {"code": "ttft_budget_exceeded", "retry_after": 3}},
+    {"prompt": "long", "test_error": {"code": "prompt_exceeds_ttft_budget"}},
+    {"prompt": "full", "test_error": {"code": "rate_limit_exceeded", "retry_after": 1}},
+    {"prompt": "#fault:429"},  # vLLM's integer code: a 429 without a reason
+    # Its code lies past the 64 KiB the client reads, so it counts as a rejection.
+    {"prompt": "big", "test_error": {"code": "ttft_budget_exceeded", "pad": 100_000}},
+]
+
+
+def test_admission_refusals_over_a_sweep(
+    engine_url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    dataset = tmp_path / "admission.jsonl"
+    dataset.write_text("".join(json.dumps(line) + "\n" for line in ADMISSION_LINES))
+    out_json = tmp_path / "r.json"
+    n = len(ADMISSION_LINES)  # each stage sends every line once
+    status, out, _ = bench(
+        ["--url", engine_url, "--dataset", str(dataset), "--sweep", "40,80", "-n", str(n),
+         "--max-tokens", "4", "--warmup", "0", "--slo-ttft", "0.25", "--json", str(out_json)],
+        capsys,
+    )  # fmt: skip
+    assert status == 0
+    doc = load(out_json)
+    check_counts(doc)
+    for stage in doc["stages"]:
+        a = stage["summary"]["admission"]
+        assert (a["offered"], a["admitted"], a["refused"], a["rejected"]) == (n, 6, 3, 3)
+        assert a["refused_by_code"] == {"ttft_budget_exceeded": 2, "prompt_exceeds_ttft_budget": 1}
+        assert a["admitted_attainment"] == 0.5
+        retry = a["retry_after_s"]
+        assert (retry["count"], retry["min"], retry["p50"], retry["max"]) == (2, 1.0, 2.0, 3.0)
+        assert a["refusal_latency_s"]["count"] == 3
+        assert 0 < a["refusal_latency_s"]["p50"] <= a["refusal_latency_s"]["p99"] < 1.0
+        assert stage["summary"]["error_counts"] == {
+            "HTTP 429": 2, "HTTP 429 prompt_exceeds_ttft_budget": 1,
+            "HTTP 429 rate_limit_exceeded": 1, "HTTP 429 ttft_budget_exceeded": 2,
+            "HTTP 503": 1, "error_event": 1,
+        }  # fmt: skip
+        refusals = [r for r in stage["requests"] if r["admission"] == "refused"]
+        assert sorted(r["retry_after_s"] or 0 for r in refusals) == [0, 1.0, 3.0]
+        for r in refusals:
+            assert r["status"] == 429 and r["error"] == "http" and r["latency_s"] > 0
+            assert r["error_code"] in ("ttft_budget_exceeded", "prompt_exceeds_ttft_budget")
+        outcomes = sorted(r["admission"] for r in stage["requests"])
+        assert outcomes == ["admitted"] * 6 + ["refused"] * 3 + ["rejected"] * 3
+    first, second = doc["stages"]
+    # The next stage starts from an idle client: after the last response of the one before.
+    assert min(r["start_s"] for r in second["requests"]) >= max(
+        r["start_s"] + r["latency_s"] for r in first["requests"]
+    )
+    assert "admission     offered 12: admitted 6, refused 3, rejected 3" in out
+    assert "refused by    ttft_budget_exceeded 2, prompt_exceeds_ttft_budget 1" in out
+    assert "admitted      attainment 50.0% (TTFT <= 0.25 s; failures count as misses)" in out
+    assert "Retry-After min 1 s, median 2 s, max 3 s" in out
+    table = out.split("== sweep admission")[1]
+    assert table.count("        12        6        3        3      50.0%") == 2
 
 
 def test_timeout_and_connect_errors(

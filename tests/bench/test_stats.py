@@ -62,8 +62,10 @@ def test_distribution_skips_nan_and_handles_empty() -> None:
     assert d.mean == pytest.approx(0.2)
     assert d.p50 == pytest.approx(0.2)
     assert d.p90 == pytest.approx(0.28)
+    assert (d.min, d.max) == (0.1, 0.3)
     empty = distribution([math.nan])
     assert empty.count == 0 and math.isnan(empty.mean) and math.isnan(empty.p99)
+    assert math.isnan(empty.min) and math.isnan(empty.max)
 
 
 def test_tpot_from_token_times() -> None:

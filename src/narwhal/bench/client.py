@@ -7,7 +7,8 @@ aiohttp has buffered (`iter_any`), each stamped once and given to the
 
 How failures are classified (first match wins):
 
-    status != 200                    HTTP (the body is read; its start kept as a sample)
+    status != 200                    HTTP (the body's first 64 KiB are read for its
+                                     `error.code` and a sample; Retry-After kept)
     TimeoutError                     timeout (--timeout covers the whole request)
     ServerDisconnectedError          truncated after headers, disconnected before
     ClientPayloadError               truncated (broken chunked encoding)
@@ -19,7 +20,8 @@ How failures are classified (first match wins):
                                      reason or usage)
 
 With --no-stream the whole body arrives at once: its arrival is the TTFT, and
-no TPOT is recorded.
+no TPOT is recorded. An error response's latency ends when its body has been
+read, so a refusal's cost is what a client would wait for it.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ import aiohttp
 import msgspec
 from yarl import URL
 
+from narwhal.bench.admission import error_code, retry_after
 from narwhal.bench.record import (
     CLIENT_ERROR,
     CONNECT,
@@ -46,6 +49,7 @@ from narwhal.bench.scanner import StreamScanner
 
 perf = time.perf_counter
 SAMPLE_BYTES = 300
+ERROR_BODY_BYTES = 64 * 1024  # an error envelope is small; a server's HTML page need not be
 
 
 async def execute(
@@ -72,8 +76,11 @@ async def execute(
         async with session.post(url, data=body) as resp:
             record.status = resp.status
             if resp.status != 200:
-                detail = (await resp.read())[:SAMPLE_BYTES]
                 record.error = HTTP
+                answer = await _read_bounded(resp.content, ERROR_BODY_BYTES)
+                record.code = error_code(answer)
+                record.retry_after = retry_after(resp.headers.get("Retry-After"))
+                detail = answer[:SAMPLE_BYTES]
             elif stream:
                 async for data in resp.content.iter_any():
                     scanner.feed(data, perf() - t0)
@@ -111,6 +118,20 @@ async def execute(
         key = error_key(record)
         if key is not None and key not in samples:
             samples[key] = detail[:SAMPLE_BYTES].decode("utf-8", "replace")
+
+
+async def _read_bounded(content: aiohttp.StreamReader, limit: int) -> bytes:
+    """The body up to `limit` bytes; the rest is left unread (aiohttp then closes
+    the connection rather than reuse it)."""
+    parts: list[bytes] = []
+    size = 0
+    while size < limit:
+        chunk = await content.read(limit - size)
+        if not chunk:
+            break
+        parts.append(chunk)
+        size += len(chunk)
+    return b"".join(parts)
 
 
 def _classify(exc: aiohttp.ClientError, status: int) -> str:

@@ -27,6 +27,7 @@ class Record:
     """What one request did. `error` is None for a success."""
 
     __slots__ = (
+        "code",
         "error",
         "events",
         "index",
@@ -35,6 +36,7 @@ class Record:
         "marks",
         "max_tokens",
         "prompt_tokens",
+        "retry_after",
         "start",
         "status",
         "target",
@@ -50,6 +52,10 @@ class Record:
         self.start = NAN
         self.status = 0  # HTTP status, 0 when none arrived
         self.error: str | None = None
+        # Read from HTTP error responses only: the body's string `error.code` and the
+        # Retry-After header in seconds (see `admission`).
+        self.code: str | None = None
+        self.retry_after = NAN
         self.ttft = NAN
         self.last_token = NAN
         self.latency = NAN
@@ -63,9 +69,15 @@ class Record:
 
 
 def error_key(record: Record) -> str | None:
-    """How an error is grouped: `HTTP 429`, `timeout`, `truncated`, ...; None for a success."""
+    """How an error is grouped: `HTTP 503`, `timeout`, `truncated`, ...; None for a success.
+
+    A 429 that names its code is grouped by it (`HTTP 429 ttft_budget_exceeded`), so an
+    admission's refusals and rejections are told apart, each with its own sample.
+    """
     if record.error is None:
         return None
     if record.error == HTTP:
+        if record.status == 429 and record.code is not None:
+            return f"HTTP 429 {record.code}"
         return f"HTTP {record.status}"
     return record.error

@@ -2,20 +2,32 @@
 
 JSON values that were not observed (a TTFT of a failed request, a percentile of
 nothing) are `null`. Times are seconds in JSON and milliseconds in the table.
+The admission figures (`stats.AdmissionSummary`) are always in the JSON, but in
+the table only for stages that saw a 429, so a plain engine's report is as it was.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import msgspec
 
+from narwhal.bench.admission import outcome
 from narwhal.bench.record import Record
 from narwhal.bench.runner import StageResult
 from narwhal.bench.session import BenchResult
-from narwhal.bench.stats import Distribution, StageSummary, meets_slo, record_tpot, summarize
+from narwhal.bench.stats import (
+    AdmissionSummary,
+    Distribution,
+    StageSummary,
+    meets_slo,
+    record_tpot,
+    summarize,
+)
 
 SCHEMA = "narwhal-bench/1"
 
@@ -100,6 +112,8 @@ def _stage_block(result: BenchResult, stage: StageResult, s: StageSummary) -> li
         f"{'SLO':<14}{_slo_text(result)}: attainment {_pct(s.attainment)}, "
         f"goodput {_num(s.goodput_per_s)} req/s"
     )
+    if s.admission.saw_429:
+        lines.extend(_admission_lines(result, s.admission))
     if s.error_counts:
         errors = ", ".join(f"{k}: {v}" for k, v in s.error_counts.items())
         lines.append(f"{'errors':<14}{errors}")
@@ -110,19 +124,57 @@ def _stage_block(result: BenchResult, stage: StageResult, s: StageSummary) -> li
     return lines
 
 
-def _sweep_table(result: BenchResult, sums: list[StageSummary]) -> list[str]:
-    head = (
-        f"{'stage':<14}{'req/s':>9}{'tok/s':>10}{'TTFT p50':>10}{'TTFT p99':>10}"
-        f"{'TPOT p50':>10}{'TPOT p99':>10}{'attain':>8}{'goodput':>9}{'errors':>8}"
-    )
-    lines = ["== sweep (times in ms) ==", head]
+def _admission_lines(result: BenchResult, a: AdmissionSummary) -> list[str]:
+    codes = ", ".join(f"{code} {n}" for code, n in a.refused_by_code.items())
+    latency = a.refusal_latency_s
+    refusal = f"latency p50 {_ms(latency.p50)} ms, p99 {_ms(latency.p99)} ms"
+    r = a.retry_after_s
+    if r.count:
+        refusal += f"; Retry-After min {r.min:g} s, median {r.p50:g} s, max {r.max:g} s"
+    ttft = result.config.slo.ttft_s
+    promise = f"TTFT <= {ttft:g} s" if ttft is not None else "success only, no --slo-ttft"
+    return [
+        f"{'admission':<14}offered {a.offered}: admitted {a.admitted}, refused {a.refused}, "
+        f"rejected {a.rejected}",
+        f"{'refused by':<14}{codes}",
+        f"{'refusal':<14}{refusal}",
+        f"{'admitted':<14}attainment {_pct(a.admitted_attainment)} ({promise}; "
+        "failures count as misses)",
+    ]
+
+
+# A sweep table's columns: heading, width and the cell of one stage's summary.
+Column = tuple[str, int, Callable[[StageSummary], str]]
+
+_SWEEP: tuple[Column, ...] = (
+    ("req/s", 9, lambda s: _num(s.requests_per_s)),
+    ("tok/s", 10, lambda s: _num(s.output_tokens_per_s)),
+    ("TTFT p50", 10, lambda s: _ms(s.ttft.p50)),
+    ("TTFT p99", 10, lambda s: _ms(s.ttft.p99)),
+    ("TPOT p50", 10, lambda s: _ms(s.tpot.p50)),
+    ("TPOT p99", 10, lambda s: _ms(s.tpot.p99)),
+    ("attain", 8, lambda s: _pct(s.attainment)),
+    ("goodput", 9, lambda s: _num(s.goodput_per_s)),
+    ("errors", 8, lambda s: str(s.errors)),
+)
+_SWEEP_ADMISSION: tuple[Column, ...] = (
+    ("offered", 9, lambda s: str(s.admission.offered)),
+    ("admitted", 9, lambda s: str(s.admission.admitted)),
+    ("refused", 9, lambda s: str(s.admission.refused)),
+    ("rejected", 9, lambda s: str(s.admission.rejected)),
+    ("adm attain", 11, lambda s: _pct(s.admission.admitted_attainment)),
+    ("goodput", 9, lambda s: _num(s.goodput_per_s)),
+    ("refusal p99", 12, lambda s: _ms(s.admission.refusal_latency_s.p99)),
+)
+
+
+def _stage_table(
+    title: str, columns: tuple[Column, ...], result: BenchResult, sums: list[StageSummary]
+) -> list[str]:
+    lines = [title, f"{'stage':<14}" + "".join(f"{name:>{w}}" for name, w, _ in columns)]
     for stage, s in zip(result.stages, sums, strict=True):
-        lines.append(
-            f"{stage.plan.name:<14}{_num(s.requests_per_s):>9}{_num(s.output_tokens_per_s):>10}"
-            f"{_ms(s.ttft.p50):>10}{_ms(s.ttft.p99):>10}{_ms(s.tpot.p50):>10}"
-            f"{_ms(s.tpot.p99):>10}{_pct(s.attainment):>8}{_num(s.goodput_per_s):>9}"
-            f"{s.errors:>8}"
-        )
+        cells = "".join(f"{cell(s):>{w}}" for _, w, cell in columns)
+        lines.append(f"{stage.plan.name:<14}{cells}")
     return lines
 
 
@@ -133,7 +185,11 @@ def table(result: BenchResult, sums: list[StageSummary]) -> str:
         lines.extend(_stage_block(result, stage, s))
     if len(result.stages) > 1:
         lines.append("")
-        lines.extend(_sweep_table(result, sums))
+        lines.extend(_stage_table("== sweep (times in ms) ==", _SWEEP, result, sums))
+        if any(s.admission.saw_429 for s in sums):
+            title = "== sweep admission (goodput in req/s, refusal latency in ms) =="
+            lines.append("")
+            lines.extend(_stage_table(title, _SWEEP_ADMISSION, result, sums))
     shown = {
         k: v
         for k, v in result.error_samples.items()
@@ -154,10 +210,6 @@ def table(result: BenchResult, sums: list[StageSummary]) -> str:
 # -- JSON ---------------------------------------------------------------------------------
 
 
-def _dist(d: Distribution) -> dict[str, Any]:
-    return {"count": d.count, "mean": d.mean, "p50": d.p50, "p90": d.p90, "p99": d.p99}
-
-
 def summary_dict(s: StageSummary) -> dict[str, Any]:
     return {
         "requests": s.requests,
@@ -169,11 +221,12 @@ def summary_dict(s: StageSummary) -> dict[str, Any]:
         "output_tokens": s.output_tokens,
         "output_tokens_per_s": s.output_tokens_per_s,
         "events_per_s": s.events_per_s,
-        "ttft_s": _dist(s.ttft),
-        "tpot_s": _dist(s.tpot),
-        "latency_s": _dist(s.latency),
+        "ttft_s": asdict(s.ttft),
+        "tpot_s": asdict(s.tpot),
+        "latency_s": asdict(s.latency),
         "attainment": s.attainment,
         "goodput_per_s": s.goodput_per_s,
+        "admission": asdict(s.admission),
         "client_cpu_s": s.cpu_s,
         "client_cpu_per_request_s": s.cpu_per_request_s,
     }
@@ -186,6 +239,9 @@ def record_dict(r: Record, result: BenchResult) -> dict[str, Any]:
         "start_s": r.start,
         "status": r.status or None,
         "error": r.error,
+        "error_code": r.code,
+        "retry_after_s": r.retry_after,
+        "admission": outcome(r),
         "ttft_s": r.ttft,
         "tpot_s": record_tpot(r),
         "last_token_s": r.last_token,

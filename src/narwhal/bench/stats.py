@@ -14,7 +14,17 @@ SLOs: a request meets them when it succeeded, its TTFT is at most `ttft_s` (if
 set) and its TPOT at most `tpot_s` (if set; a request without a TPOT passes
 that half). With no SLO set, every success meets them. Attainment is the
 fraction of all the stage's requests (errors included) that meet them; goodput
-is how many met them per second of the stage's window.
+is how many met them per second of the stage's window (its start to its last
+response): requests per second completed within the SLOs.
+
+Admission (see `admission`): offered = admitted + refused + rejected, over the
+stage's recorded requests. Admitted attainment is the fraction of the admitted
+requests that succeeded with TTFT at most `ttft_s` (success alone without it):
+the promise a TTFT admission makes, so `tpot_s` is not part of it, and an
+admitted request that failed is a miss. Successful requests are all admitted,
+so the stage's TTFT distribution is that of the admitted successes. Refusal
+latency is over refused requests, send to the whole 429; Retry-After over the
+`ttft_budget_exceeded` refusals that carried one.
 """
 
 from __future__ import annotations
@@ -24,6 +34,7 @@ from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+from narwhal.bench.admission import ADMITTED, REFUSAL_CODES, REFUSED, TTFT_BUDGET, outcome
 from narwhal.bench.record import Record, error_key
 
 NAN = math.nan
@@ -48,19 +59,23 @@ class Distribution:
     p50: float
     p90: float
     p99: float
+    min: float
+    max: float
 
 
 def distribution(values: Iterable[float]) -> Distribution:
-    """Mean and percentiles of the values that are not NaN."""
+    """Mean, percentiles and extremes of the values that are not NaN."""
     kept = sorted(v for v in values if not math.isnan(v))
     if not kept:
-        return Distribution(0, NAN, NAN, NAN, NAN)
+        return Distribution(0, NAN, NAN, NAN, NAN, NAN, NAN)
     return Distribution(
         count=len(kept),
         mean=math.fsum(kept) / len(kept),
         p50=percentile(kept, 50),
         p90=percentile(kept, 90),
         p99=percentile(kept, 99),
+        min=kept[0],
+        max=kept[-1],
     )
 
 
@@ -122,6 +137,41 @@ def error_counts(records: Iterable[Record]) -> dict[str, int]:
 
 
 @dataclass(frozen=True, slots=True)
+class AdmissionSummary:
+    offered: int
+    admitted: int
+    refused: int
+    refused_by_code: dict[str, int]  # every refusal code, 0 included
+    rejected: int
+    admitted_attainment: float
+    # The JSON's names (the report encodes this dataclass as it is).
+    refusal_latency_s: Distribution
+    retry_after_s: Distribution  # of ttft_budget_exceeded refusals
+
+    @property
+    def saw_429(self) -> bool:
+        return self.refused + self.rejected > 0
+
+
+def admission_summary(records: Sequence[Record], slo: Slo) -> AdmissionSummary:
+    by_outcome: dict[str, list[Record]] = {}
+    for r in records:
+        by_outcome.setdefault(outcome(r), []).append(r)
+    admitted = by_outcome.get(ADMITTED, [])
+    refused = by_outcome.get(REFUSED, [])
+    return AdmissionSummary(
+        offered=len(records),
+        admitted=len(admitted),
+        refused=len(refused),
+        refused_by_code={c: sum(1 for r in refused if r.code == c) for c in REFUSAL_CODES},
+        rejected=len(records) - len(admitted) - len(refused),
+        admitted_attainment=attainment(admitted, Slo(ttft_s=slo.ttft_s)),
+        refusal_latency_s=distribution(r.latency for r in refused),
+        retry_after_s=distribution(r.retry_after for r in refused if r.code == TTFT_BUDGET),
+    )
+
+
+@dataclass(frozen=True, slots=True)
 class StageSummary:
     requests: int
     ok: int
@@ -137,6 +187,7 @@ class StageSummary:
     latency: Distribution
     attainment: float
     goodput_per_s: float
+    admission: AdmissionSummary
     cpu_s: float
     cpu_per_request_s: float
 
@@ -164,6 +215,7 @@ def summarize(records: Sequence[Record], window_s: float, cpu_s: float, slo: Slo
         latency=distribution(r.latency for r in ok),
         attainment=attainment(records, slo),
         goodput_per_s=goodput(records, slo, window_s),
+        admission=admission_summary(records, slo),
         cpu_s=cpu_s,
         cpu_per_request_s=cpu_s / len(records) if records else NAN,
     )
