@@ -8,11 +8,10 @@ fields, since some such servers answer 422 to unknown fields (PROTOCOL.md sectio
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any
 
+from narwhal.protocol.dialects import Dialect
 from narwhal.protocol.requests import CompletionRequest
-
-Dialect = Literal["vllm", "sglang", "openai"]
 
 # vLLM-only request fields a generic OpenAI-compatible server may reject.
 VLLM_ONLY_FIELDS = ("return_token_ids", "stream_interval", "kv_transfer_params")
