@@ -41,17 +41,13 @@ from narwhal.errors import BackendUnavailable, RouterUnavailable, TerminalExpiry
 from narwhal.fleet.monitor import FleetMonitor
 from narwhal.metrics import RouterMetrics
 from narwhal.protocol.assembly import Assembler
+from narwhal.protocol.dialects import token_accounting
 from narwhal.protocol.events import EngineError, EngineOutputError
 from narwhal.protocol.exposure import Exposure
 from narwhal.protocol.forward import StreamCollector, StreamForwarder
 from narwhal.protocol.requests import CompletionRequest
 from narwhal.protocol.tracker import OutputTracker
-from narwhal.protocol.upstream import (
-    supplies_token_ids,
-    upstream_body,
-    writes_null_ids,
-    writes_null_usage,
-)
+from narwhal.protocol.upstream import upstream_body
 from narwhal.scheduler.registry import EngineEntry, EngineRegistry
 from narwhal.scheduler.scheduler import NoCapacity, Plan, Scheduler
 
@@ -145,7 +141,7 @@ class Dispatcher:
                     "wave": engine.wave,
                     "state": self.registry.state(entry),
                     "eligible": self.registry.eligible(entry),
-                    "token_accounting": "token_ids" if engine.dialect == "vllm" else "unavailable",
+                    "token_accounting": token_accounting(engine.dialect),
                     "profile": None,
                     "scores": {
                         "cost": self.scheduler.scorer.cost(load, 0),
@@ -252,12 +248,12 @@ class Dispatcher:
             token_ids=request.return_token_ids,
             usage=request.include_usage,
             continuous_usage=request.continuous_usage,
-            null_usage=writes_null_usage(client.dialect),
-            null_ids=writes_null_ids(client.dialect),
+            null_usage=client.capabilities.null_usage,
+            null_ids=client.capabilities.null_ids,
         )
         tracker = OutputTracker(
             request.route,
-            token_ids=supplies_token_ids(client.dialect, request.route),
+            token_ids=request.route in client.capabilities.token_ids_on,
             prompt_ids=request.return_token_ids,
         )
         authorization = http.headers.get("Authorization")
