@@ -28,6 +28,7 @@ from narwhal.protocol.exposure import Exposure
 from narwhal.protocol.fields import (
     CHOICE_METADATA,
     COMPLETION_CHOICE_METADATA,
+    DELTA_OUTPUT,
     DELTA_TEXT,
     TOP_LEVEL_DROPPED,
     expect_str,
@@ -48,7 +49,7 @@ _HEAD: Final = ("id", "object", "created", "model")
 _NOT_METADATA: Final = TOP_LEVEL_DROPPED | {"prompt_token_ids", "sglext"}
 _DELTA_TEXT: Final = frozenset(DELTA_TEXT)
 # The message fields a delta may send as null (the role never is).
-_MESSAGE_FIELDS: Final = _DELTA_TEXT | {"tool_calls", "function_call"}
+_MESSAGE_FIELDS: Final = frozenset(DELTA_OUTPUT)
 
 
 class _Choice:

@@ -25,12 +25,10 @@ from collections.abc import Mapping
 from typing import Any, Final
 
 from narwhal.protocol.events import EngineOutputError, Route
+from narwhal.protocol.fields import DELTA_OUTPUT
 
-# Chat delta fields that are generated output: an event carrying any of them
-# non-empty must carry its token IDs.
-_CHAT_OUTPUT: Final = frozenset(
-    ("content", "reasoning", "reasoning_content", "refusal", "tool_calls", "function_call")
-)
+# An event carrying any of these non-empty must carry its token IDs.
+_CHAT_OUTPUT: Final = frozenset(DELTA_OUTPUT)
 # Lists longer than this are checked with C-level passes (prompt IDs can be 100k long).
 _SHORT: Final = 16
 
