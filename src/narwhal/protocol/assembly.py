@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Final
 
-from narwhal.protocol.events import EngineOutputError, Route, engine_error
+from narwhal.protocol.events import EngineOutputError, Route, raise_for_engine_error
 from narwhal.protocol.exposure import Exposure
 from narwhal.protocol.fields import (
     CHOICE_METADATA,
@@ -281,10 +281,7 @@ class Assembler:
     def add(self, event: Mapping[str, Any]) -> None:
         """One decoded, token-ID-validated engine event. Raises UpstreamError (502) for
         an engine error event, an unsupported field with a value or a malformed one."""
-        if "error" in event or event.get("object") == "error":
-            error = engine_error(event)
-            if error is not None:
-                raise error
+        raise_for_engine_error(event)
         metadata = self._metadata
         for key, value in event.items():
             # Response metadata (id, created, model, system_fingerprint,
