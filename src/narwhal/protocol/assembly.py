@@ -37,7 +37,7 @@ from narwhal.protocol.fields import (
     unsupported,
 )
 from narwhal.protocol.logprobs import Logprobs
-from narwhal.protocol.tokens import check_token_ids
+from narwhal.protocol.tokens import check_token_ids, sglext_output_ids
 from narwhal.protocol.toolcalls import FunctionCall, ToolCalls
 from narwhal.protocol.usage import computed_usage, event_usage
 
@@ -275,7 +275,7 @@ class Assembler:
         self._choices: dict[int, _Choice] = {}
         self._metadata: dict[str, Any] = {}
         self._prompt_ids: list[int] | None = None
-        self._output_ids: list[Any] | None = None  # SGLang's sglext.output_ids, per choice
+        self._output_ids: list[list[int]] | None = None  # SGLang's sglext.output_ids, per choice
         self._usage: dict[str, Any] | None = None
 
     def add(self, event: Mapping[str, Any]) -> None:
@@ -321,18 +321,12 @@ class Assembler:
         sglext = event.get("sglext")
         if sglext is None:
             return
-        if type(sglext) is not dict:
-            malformed("sglext", "an object")
+        outputs = sglext_output_ids(event)  # (it checks that sglext is an object)
         inputs = sglext.get("input_ids")
         if inputs is not None and self._prompt_ids is None:
             check_token_ids(inputs, "sglext.input_ids")
             self._prompt_ids = inputs
-        outputs = sglext.get("output_ids")
         if outputs is not None:
-            if type(outputs) is not list:
-                malformed("sglext.output_ids", "an array")
-            for ids in outputs:
-                check_token_ids(ids, "sglext.output_ids")
             self._output_ids = outputs
 
     def result(self, *, prompt_tokens: int, completion_tokens: int) -> dict[str, Any]:

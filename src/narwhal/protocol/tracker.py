@@ -20,9 +20,9 @@ from msgspec import UNSET
 from narwhal.protocol.events import EngineOutputError, Route, raise_for_engine_error
 from narwhal.protocol.plain import PlainEvent
 from narwhal.protocol.tokens import (
-    TokenIdError,
     carries_output,
     count_event_token_ids,
+    missing_token_ids,
     sglext_output_token_count,
 )
 
@@ -131,7 +131,7 @@ class OutputTracker:
                             # What came before in this read was validated: count it.
                             if total:
                                 self._record(total, first, now)
-                            raise TokenIdError("engine event omits token_ids for generated output")
+                            raise missing_token_ids()
                         count += 1
                 reason = choice.finish_reason
                 index = choice.index
