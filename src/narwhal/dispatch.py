@@ -37,7 +37,13 @@ from narwhal.engines.prefill import run_prefill
 from narwhal.engines.relay import collect, relay_stream
 from narwhal.engines.stream import EngineStream, TruncatedStream
 from narwhal.engines.upstream import UpstreamPool
-from narwhal.errors import BackendUnavailable, RouterUnavailable, TerminalExpiry, UpstreamError
+from narwhal.errors import (
+    BackendUnavailable,
+    Outcome,
+    RouterUnavailable,
+    TerminalExpiry,
+    UpstreamError,
+)
 from narwhal.fleet.monitor import FleetMonitor
 from narwhal.metrics import RouterMetrics
 from narwhal.protocol.assembly import Assembler
@@ -156,7 +162,7 @@ class Dispatcher:
 
     async def serve(
         self, request: CompletionRequest, context: RequestContext, http: web.Request
-    ) -> tuple[web.StreamResponse, str]:
+    ) -> tuple[web.StreamResponse, Outcome]:
         reason = self.router_unavailable_reason()
         if reason is not None:
             raise RouterUnavailable(f"This router is not serving requests ({reason}).")
@@ -182,7 +188,7 @@ class Dispatcher:
         http: web.Request,
         ticket: Ticket,
         deadline: float,
-    ) -> tuple[web.StreamResponse, str]:
+    ) -> tuple[web.StreamResponse, Outcome]:
         tried: set[str] = set()
         last_error: UpstreamError | None = None
         attempts = self._config.fleet.max_attempts
@@ -240,7 +246,7 @@ class Dispatcher:
         ticket: Ticket,
         deadline: float,
         plan: Plan,
-    ) -> tuple[web.StreamResponse, str]:
+    ) -> tuple[web.StreamResponse, Outcome]:
         """One placement: the optional prefill half, then the decode stream."""
         decode_entry = plan.decode
         client = self._clients[decode_entry.config.name]

@@ -19,7 +19,7 @@ from narwhal.api.request_id import current_request_id
 from narwhal.api.responses import error_response
 from narwhal.api.service import CompletionService, RequestContext
 from narwhal.config import Config
-from narwhal.errors import InvalidRequest, NarwhalError, RouterUnavailable, TerminalExpiry
+from narwhal.errors import InvalidRequest, NarwhalError, Outcome, RouterUnavailable, TerminalExpiry
 from narwhal.metrics import RouterMetrics
 from narwhal.protocol.requests import Route, parse_request
 from narwhal.sizing import PromptSizer
@@ -56,7 +56,7 @@ class CompletionFront:
         arrived = time.monotonic()
         request_id = current_request_id.get()
         metrics.offered.inc()
-        outcome = "client_gone"
+        outcome: Outcome = "client_gone"
         sized = False
         try:
             deadline = arrived + self._timeout(http)
@@ -105,7 +105,7 @@ class CompletionFront:
             raise
         except Exception:
             # A bug, not a client or engine condition: log it, answer 500, count it once.
-            outcome = "upstream_error"
+            outcome = "internal_error"
             log.exception("request %s failed unexpectedly", request_id)
             return error_response(NarwhalError("Internal router error."), request_id)
         finally:

@@ -12,6 +12,7 @@ from typing import Protocol
 
 from aiohttp import web
 
+from narwhal.errors import Outcome
 from narwhal.protocol.requests import CompletionRequest
 
 
@@ -26,7 +27,7 @@ class RequestContext:
 class CompletionService(Protocol):
     async def serve(
         self, request: CompletionRequest, context: RequestContext, http: web.Request
-    ) -> tuple[web.StreamResponse, str]:
+    ) -> tuple[web.StreamResponse, Outcome]:
         """Serve one request; return the response and its terminal outcome.
 
         Before response headers, failures are raised as NarwhalError (the front renders
