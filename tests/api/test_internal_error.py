@@ -9,10 +9,10 @@ from typing import Any, NoReturn
 
 import aiohttp
 import pytest
-from aiohttp import web
 
 from narwhal.config import Config
 from narwhal.router import Router
+from tests.in_process import serve_app
 from tests.metrics_text import samples
 
 MODEL = "m"
@@ -29,11 +29,7 @@ async def test_a_router_bug_is_a_500_counted_internal_error(
         raise RuntimeError("a bug")
 
     router.dispatcher.serve = serve  # type: ignore[method-assign]
-    runner = web.AppRunner(router.app)
-    await runner.setup()
-    await web.TCPSite(runner, "127.0.0.1", 0).start()
-    port = next(a[1] for a in runner.addresses if isinstance(a, tuple))
-    base = f"http://127.0.0.1:{port}"
+    runner, base = await serve_app(router.app)
     try:
         async with aiohttp.ClientSession() as session:
             async with session.get(base + "/metrics") as resp:
