@@ -18,6 +18,7 @@ from aiohttp import web
 from narwhal.config import Config, EngineConfig
 from narwhal.router import Router
 from narwhal.sim import SimOptions, start_sim
+from tests.in_process import serve_app
 from tests.processes import narwhal_process
 
 MODEL = "narwhal-sim"
@@ -26,11 +27,7 @@ SLOW_CALLBACK_S = 0.25
 
 async def _serve_router(config: Config) -> tuple[web.AppRunner, str]:
     """The router on this test's loop, on an ephemeral loopback port; clean up the runner."""
-    runner = web.AppRunner(Router(config).app, handler_cancellation=True)
-    await runner.setup()
-    await web.TCPSite(runner, "127.0.0.1", 0).start()
-    port = next(a[1] for a in runner.addresses if isinstance(a, tuple))
-    return runner, f"http://127.0.0.1:{port}"
+    return await serve_app(Router(config).app)
 
 
 async def _exercise(url: str, session: aiohttp.ClientSession, n: int) -> list[int]:

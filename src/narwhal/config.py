@@ -16,13 +16,14 @@ import msgspec
 import yaml
 from msgspec import Meta, Struct
 
+from narwhal.protocol.dialects import Dialect
+
 NonNegativeInt = Annotated[int, Meta(ge=0)]
 PositiveInt = Annotated[int, Meta(ge=1)]
 PositiveSeconds = Annotated[float, Meta(gt=0)]
 Port = Annotated[int, Meta(ge=0, le=65535)]
 Name = Annotated[str, Meta(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")]
 
-Dialect = Literal["vllm", "sglang", "openai"]
 Role = Literal["prefill", "decode", "both"]
 
 

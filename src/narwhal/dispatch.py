@@ -32,7 +32,13 @@ from narwhal.config import Config
 from narwhal.engines.client import EngineClient, EngineUnavailable
 from narwhal.engines.prefill import run_prefill
 from narwhal.engines.stream import EngineStream, TruncatedStream
-from narwhal.errors import BackendUnavailable, RouterUnavailable, TerminalExpiry, UpstreamError
+from narwhal.errors import (
+    BackendUnavailable,
+    Outcome,
+    RouterUnavailable,
+    TerminalExpiry,
+    UpstreamError,
+)
 from narwhal.fleet.monitor import FleetMonitor
 from narwhal.metrics import RouterMetrics
 from narwhal.protocol.assembly import Assembler
@@ -41,12 +47,7 @@ from narwhal.protocol.exposure import Exposure
 from narwhal.protocol.forward import StreamCollector, StreamForwarder
 from narwhal.protocol.requests import CompletionRequest
 from narwhal.protocol.tracker import OutputTracker
-from narwhal.protocol.upstream import (
-    supplies_token_ids,
-    upstream_body,
-    writes_null_ids,
-    writes_null_usage,
-)
+from narwhal.protocol.upstream import upstream_body
 from narwhal.scheduler.placement import PlacementRequest
 from narwhal.scheduler.registry import EngineRegistry
 from narwhal.scheduler.scheduler import Plan, Scheduler
@@ -109,7 +110,7 @@ class StreamLease:
                 async with asyncio.timeout(_DRAIN_TIMEOUT_S):
                     await stream.drain()
 
-    def finish(self, outcome: str) -> None:
+    def finish(self, outcome: Outcome) -> None:
         if self._finished:
             return
         self._finished = True
@@ -250,12 +251,12 @@ class Dispatcher:
             token_ids=request.return_token_ids,
             usage=request.include_usage,
             continuous_usage=request.continuous_usage,
-            null_usage=writes_null_usage(client.dialect),
-            null_ids=writes_null_ids(client.dialect),
+            null_usage=client.capabilities.null_usage,
+            null_ids=client.capabilities.null_ids,
         )
         tracker = OutputTracker(
             request.route,
-            token_ids=supplies_token_ids(client.dialect, request.route),
+            token_ids=request.route in client.capabilities.token_ids_on,
             prompt_ids=request.return_token_ids,
         )
         stream: EngineStream | None = None

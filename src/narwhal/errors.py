@@ -1,6 +1,6 @@
 """Every error Narwhal answers with, and the one function that renders them.
 
-    NarwhalError                       (500 server_error; never raised on purpose)
+    NarwhalError                       500 server_error (router bug)   outcome: internal_error
     ├── InvalidRequest                 400 invalid_request_error       outcome: invalid
     │   ├── InvalidSamplingWidth       400 "Invalid sampling width"     (n, best_of > 1)
     │   └── UnsupportedOption          400 audio / modality / tool requests
@@ -15,16 +15,31 @@
     └── TerminalExpiry                 504 terminal_expiry              outcome: expired
 
 Each class knows its HTTP status, OpenAI `type` and `code`, the terminal outcome it
-is counted as, and its `Retry-After` (seconds, or None). The envelope is OpenAI's:
-`{"error": {"message", "type", "param", "code"}}` with a string (or null) `code`,
-never vLLM's integer one.
+is counted as (`Outcome`), and its `Retry-After` (seconds, or None). The base class is
+raised on purpose only for a router bug ("Internal router error."). The envelope is
+OpenAI's: `{"error": {"message", "type", "param", "code"}}` with a string (or null)
+`code`, never vLLM's integer one.
 """
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import ClassVar, Literal
 
 import msgspec
+
+Outcome = Literal[
+    "completed",
+    "invalid",
+    "rejected",
+    "refused",
+    "expired",
+    "unavailable",
+    "upstream_error",
+    "internal_error",
+    "client_gone",
+]
+"""How a request on a completion route ended: each one ends in exactly one, counted once
+in `narwhal_outcomes_total{outcome}` (DESIGN.md §3)."""
 
 _encoder = msgspec.json.Encoder()
 
@@ -33,7 +48,7 @@ class NarwhalError(Exception):
     status: ClassVar[int] = 500
     error_type: ClassVar[str] = "server_error"
     code: ClassVar[str | None] = None
-    outcome: ClassVar[str] = "upstream_error"
+    outcome: ClassVar[Outcome] = "internal_error"
     default_retry_after: ClassVar[int | None] = None
 
     def __init__(

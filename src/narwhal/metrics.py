@@ -9,19 +9,13 @@ rather than missing series.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Final, get_args
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-OUTCOMES = (
-    "completed",
-    "invalid",
-    "rejected",
-    "refused",
-    "expired",
-    "unavailable",
-    "upstream_error",
-    "client_gone",
-)
+from narwhal.errors import Outcome
+
+OUTCOMES: Final[tuple[Outcome, ...]] = get_args(Outcome)
 REJECT_REASONS = ("retention", "queue")
 REFUSE_REASONS = ("ttft_budget", "prompt_exceeds_budget")
 EXPIRY_STAGES = ("admission_wait", "deadline_before_headers", "deadline_streaming")
@@ -154,7 +148,7 @@ class RouterMetrics:
             )
         return series
 
-    def count_outcome(self, outcome: str) -> None:
+    def count_outcome(self, outcome: Outcome) -> None:
         self._outcome_children[outcome].inc()
 
     def render(self) -> bytes:

@@ -11,14 +11,15 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+from urllib.parse import urlsplit
 
 import aiohttp
 import pytest
-from aiohttp import web
 
 from narwhal.config import Config, EngineConfig
 from narwhal.router import Router
 from narwhal.sim import SimOptions, start_sim
+from tests.in_process import serve_app
 from tests.metrics_text import samples
 
 MODEL = "narwhal-sim"
@@ -30,10 +31,8 @@ async def test_a_client_gone_mid_write_is_counted_and_not_logged_as_an_error(
 ) -> None:
     sim = await start_sim(SimOptions(model=MODEL, time_scale=0.0))
     config = Config(model=MODEL, engines=(EngineConfig(name="s0", url=sim.url),))
-    runner = web.AppRunner(Router(config).app, handler_cancellation=False)
-    await runner.setup()
-    await web.TCPSite(runner, "127.0.0.1", 0).start()
-    port = next(a[1] for a in runner.addresses if isinstance(a, tuple))
+    runner, base = await serve_app(Router(config).app, handler_cancellation=False)
+    port = urlsplit(base).port
     try:
         body = json.dumps(
             {
@@ -56,7 +55,7 @@ async def test_a_client_gone_mid_write_is_counted_and_not_logged_as_an_error(
             await writer.wait_closed()
             async with aiohttp.ClientSession() as session:
                 for _ in range(100):
-                    async with session.get(f"http://127.0.0.1:{port}/metrics") as resp:
+                    async with session.get(base + "/metrics") as resp:
                         values = samples(await resp.text())
                     if values[GONE] == 1:
                         break

@@ -12,11 +12,11 @@ import logging
 
 import aiohttp
 import pytest
-from aiohttp import web
 
 from narwhal.config import Config, EngineConfig, FleetConfig
 from narwhal.router import Router
 from narwhal.sim import SimOptions, start_sim
+from tests.in_process import serve_app
 from tests.metrics_text import samples
 
 MODEL = "narwhal-sim"
@@ -31,11 +31,8 @@ async def test_every_failed_attempt_is_logged_with_its_request_and_engine(
         engines=tuple(EngineConfig(name=f"s{i}", url=sim.url) for i, sim in enumerate(sims)),
         fleet=FleetConfig(max_attempts=2),
     )
-    runner = web.AppRunner(Router(config).app, handler_cancellation=True)
-    await runner.setup()
-    await web.TCPSite(runner, "127.0.0.1", 0).start()
-    port = next(a[1] for a in runner.addresses if isinstance(a, tuple))
-    url = f"http://127.0.0.1:{port}/v1/chat/completions"
+    runner, base = await serve_app(Router(config).app)
+    url = base + "/v1/chat/completions"
 
     async def post(content: str, request_id: str) -> tuple[int, bytes]:
         body = {
@@ -53,7 +50,7 @@ async def test_every_failed_attempt_is_logged_with_its_request_and_engine(
             before, _ = await post("#sim:http_500 hi", "req-before")
             # The first tokens go out (and the response starts) before the stall.
             after, events = await post("#sim:stall=0.2 #sim:error_midstream=4 hi", "req-after")
-        values = await _metrics(port)
+        values = await _metrics(base)
     finally:
         await runner.cleanup()
         for sim in sims:
@@ -88,18 +85,15 @@ async def test_a_failed_disaggregated_attempt_names_both_engines(
             EngineConfig(name="d0", url=decode.url, role="decode"),
         ),
     )
-    runner = web.AppRunner(Router(config).app, handler_cancellation=True)
-    await runner.setup()
-    await web.TCPSite(runner, "127.0.0.1", 0).start()
-    port = next(a[1] for a in runner.addresses if isinstance(a, tuple))
+    runner, base = await serve_app(Router(config).app)
     body = {"model": MODEL, "messages": [{"role": "user", "content": "#sim:http_500 hi"}]}
     try:
         with caplog.at_level(logging.WARNING, logger="narwhal"):
             async with aiohttp.ClientSession() as session:
-                url = f"http://127.0.0.1:{port}/v1/chat/completions"
+                url = base + "/v1/chat/completions"
                 async with session.post(url, json=body, headers={"X-Request-Id": "pd-1"}) as r:
                     assert r.status == 502
-        values = await _metrics(port)
+        values = await _metrics(base)
     finally:
         await runner.cleanup()
         await prefill.close()
@@ -111,7 +105,7 @@ async def test_a_failed_disaggregated_attempt_names_both_engines(
     assert values.get('narwhal_engine_failures_total{engine="d0",stage="before_headers"}', 0) == 0
 
 
-async def _metrics(port: int) -> dict[str, float]:
+async def _metrics(base: str) -> dict[str, float]:
     async with aiohttp.ClientSession() as session:
-        async with session.get(f"http://127.0.0.1:{port}/metrics") as response:
+        async with session.get(base + "/metrics") as response:
             return samples(await response.text())

@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, get_args
 from urllib.parse import urlsplit
 
 import aiohttp
@@ -18,6 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from multidict import CIMultiDict
 
+from narwhal.errors import Outcome
 from tests.metrics_text import samples, total
 from tests.processes import NarwhalProcess, router_process
 
@@ -280,7 +281,8 @@ async def test_operations_endpoints(router: NarwhalProcess) -> None:
         assert name in values
     assert 'narwhal_rejected_total{reason="retention"}' in values
     assert 'narwhal_refused_total{reason="ttft_budget"}' in values
-    assert 'narwhal_outcomes_total{outcome="completed"}' in values
+    for outcome in get_args(Outcome):
+        assert f'narwhal_outcomes_total{{outcome="{outcome}"}}' in values
 
 
 json_values = st.recursive(

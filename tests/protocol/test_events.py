@@ -17,6 +17,7 @@ from narwhal.protocol.events import (
     engine_error,
     finish_reasons,
     is_usage_only,
+    raise_for_engine_error,
 )
 from narwhal.protocol.sse import SSEDecoder, format_event
 from narwhal.protocol.usage import computed_usage, event_usage, usage_tokens
@@ -120,6 +121,9 @@ def test_engine_error_shapes(
             "code": "upstream_error",
         }
     }
+    with pytest.raises(EngineError) as raised:
+        raise_for_engine_error(event)
+    assert raised.value.message == message
 
 
 def test_engine_error_bool_code_is_not_a_status() -> None:
@@ -142,6 +146,7 @@ def test_long_engine_messages_are_cut() -> None:
 )
 def test_normal_events_are_not_errors(event: dict[str, Any]) -> None:
     assert engine_error(event) is None
+    raise_for_engine_error(event)  # passes
 
 
 def test_usage_helpers() -> None:

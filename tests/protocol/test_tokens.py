@@ -9,14 +9,18 @@ import msgspec
 import pytest
 
 from narwhal.errors import UpstreamError
+from narwhal.protocol.assembly import Assembler
 from narwhal.protocol.events import EngineOutputError, Route
+from narwhal.protocol.exposure import Exposure
 from narwhal.protocol.tokens import (
     TokenIdError,
     check_token_ids,
     count_event_token_ids,
     count_prompt_token_ids,
+    sglext_output_ids,
     sglext_output_token_count,
 )
+from narwhal.protocol.tracker import OutputTracker
 
 
 def chat(delta: dict[str, Any], **choice: Any) -> dict[str, Any]:
@@ -199,6 +203,21 @@ def test_sglext_output_ids() -> None:
     for bad in ({"output_ids": [[True]]}, {"output_ids": [5]}, {"output_ids": 5}, []):
         with pytest.raises(TokenIdError):
             sglext_output_token_count({"sglext": bad})
+    assert sglext_output_ids(event) == [[5, 6, 7]]
+
+
+@pytest.mark.parametrize("bad", [[1], {"output_ids": [[True]]}, {"output_ids": {"0": [1]}}])
+def test_the_tracker_and_the_assembler_refuse_bad_sglext_alike(bad: Any) -> None:
+    """One check of SGLang's end-of-stream IDs (`sglext_output_ids`) for both consumers
+    of a non-streaming attempt's events."""
+    event = {"choices": [], "sglext": bad}
+    tracker = OutputTracker("chat", token_ids=False)
+    with pytest.raises(TokenIdError) as counted:
+        tracker.observe(event, 0.0)
+    assembler = Assembler("chat", Exposure(token_ids=True, usage=True, continuous_usage=False))
+    with pytest.raises(TokenIdError) as assembled:
+        assembler.add(event)
+    assert counted.value.message == assembled.value.message
 
 
 def test_prompt_ids_are_checked_only_for_clients_that_see_them() -> None:

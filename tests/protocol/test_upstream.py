@@ -7,8 +7,9 @@ from typing import Any
 
 import pytest
 
+from narwhal.protocol.dialects import Dialect
 from narwhal.protocol.requests import Route, parse_request
-from narwhal.protocol.upstream import Dialect, upstream_body
+from narwhal.protocol.upstream import upstream_body
 
 MODEL = "m"
 

@@ -20,7 +20,7 @@ from narwhal.api.request_id import current_request_id
 from narwhal.api.responses import error_response, json_response
 from narwhal.api.service import Assembled, CompletionService, RequestContext, StreamLease
 from narwhal.config import Config
-from narwhal.errors import InvalidRequest, NarwhalError, RouterUnavailable, TerminalExpiry
+from narwhal.errors import InvalidRequest, NarwhalError, Outcome, RouterUnavailable, TerminalExpiry
 from narwhal.metrics import RouterMetrics
 from narwhal.protocol.requests import Route, parse_request
 from narwhal.sizing import PromptSizer
@@ -57,7 +57,7 @@ class CompletionFront:
         arrived = time.monotonic()
         request_id = current_request_id.get()
         metrics.offered.inc()
-        outcome = "client_gone"
+        outcome: Outcome = "client_gone"
         sized = False
         try:
             deadline = arrived + self._timeout(http)
@@ -111,15 +111,17 @@ class CompletionFront:
             raise
         except Exception:
             # A bug, not a client or engine condition: log it, answer 500, count it once.
-            outcome = "upstream_error"
+            outcome = "internal_error"
             log.exception("request %s failed unexpectedly", request_id)
             return error_response(NarwhalError("Internal router error."), request_id)
         finally:
             metrics.count_outcome(outcome)
 
-    async def _relay(self, http: web.Request, lease: StreamLease) -> tuple[web.StreamResponse, str]:
+    async def _relay(
+        self, http: web.Request, lease: StreamLease
+    ) -> tuple[web.StreamResponse, Outcome]:
         """Write the leased stream to the client; the lease is finished whatever happens."""
-        outcome = "client_gone"  # if this task is cancelled (the client went away)
+        outcome: Outcome = "client_gone"  # if this task is cancelled (the client went away)
         try:
             response, outcome = await relay_stream(
                 http, lease.stream, lease.first, lease.context.request_id, lease.deadline

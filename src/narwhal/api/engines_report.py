@@ -10,6 +10,7 @@ import time
 from typing import Any
 
 from narwhal.fleet.monitor import FleetMonitor
+from narwhal.protocol.dialects import token_accounting
 from narwhal.scheduler.placement import PlacementRequest
 from narwhal.scheduler.registry import EngineEntry, EngineRegistry
 from narwhal.scheduler.scheduler import Scheduler
@@ -40,7 +41,7 @@ class EngineReport:
             "wave": engine.wave,
             "state": registry.state(entry),
             "eligible": registry.eligible(entry),
-            "token_accounting": "token_ids" if engine.dialect == "vllm" else "unavailable",
+            "token_accounting": token_accounting(engine.dialect),
             "profile": None,
             "scores": {
                 "cost": self._scheduler.scorer.cost(entry, _REFERENCE, engine.role),

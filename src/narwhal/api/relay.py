@@ -22,7 +22,7 @@ from aiohttp import web
 
 from narwhal.api.request_id import HEADER as REQUEST_ID_HEADER
 from narwhal.engines.stream import EngineStream, TruncatedStream
-from narwhal.errors import NarwhalError, TerminalExpiry
+from narwhal.errors import NarwhalError, Outcome, TerminalExpiry
 
 log = logging.getLogger(__name__)
 _DONE_EVENT = b"data: [DONE]\n\n"
@@ -50,7 +50,7 @@ async def relay_stream(
     first: bytes,
     request_id: str,
     deadline: float,
-) -> tuple[web.StreamResponse, str]:
+) -> tuple[web.StreamResponse, Outcome]:
     """Stream to the client until the end or `deadline` (loop time); return the response
     and the terminal outcome.
 

@@ -40,11 +40,15 @@ from __future__ import annotations
 import re
 from array import array
 
+from narwhal.protocol.fields import DELTA_OUTPUT
+
 _TAIL = 4096  # usage and error events are searched for in this many final bytes
 _IDS_RE = re.compile(rb'"token_ids": ?\[([^\]]*)\]')
-_TEXT_RE = re.compile(
-    rb'"(content|text|refusal|reasoning|reasoning_content|tool_calls)": ?(?:"(?!")|\[\{)'
-)
+# Output: a completion's `text` and the chat delta's output fields, when the value is a
+# non-empty string or a list of objects (tool-call fragments). The legacy function_call
+# is an object, which the pattern does not take: it is not counted.
+_OUTPUT_KEYS = b"|".join(key.encode() for key in ("text", *DELTA_OUTPUT))
+_TEXT_RE = re.compile(rb'"(' + _OUTPUT_KEYS + rb')": ?(?:"(?!")|\[\{)')
 _USAGE_RE = re.compile(rb'"completion_tokens"\s*:\s*(\d+)')
 _FINISH_RE = re.compile(rb'"finish_reason"\s*:\s*"')
 _USAGE_OBJ_RE = re.compile(rb'"usage"\s*:\s*\{')

@@ -20,6 +20,7 @@ import msgspec
 from narwhal.config import EngineConfig
 from narwhal.engines.upstream import UpstreamPool, UpstreamResponse
 from narwhal.errors import InvalidRequest, UpstreamError
+from narwhal.protocol.dialects import capabilities
 from narwhal.protocol.events import EngineOutputError, engine_error
 from narwhal.protocol.requests import Route
 
@@ -39,6 +40,7 @@ class EngineClient:
         self.engine = engine
         self.name = engine.name
         self.dialect = engine.dialect
+        self.capabilities = capabilities(engine.dialect)
         self._base = engine.url.rstrip("/")
         self._pool = pool
 

@@ -36,6 +36,7 @@ from narwhal.fleet.metrics import FleetMetrics
 from narwhal.fleet.probe import check_health, engine_version, list_models, scrape_metrics
 from narwhal.fleet.scrape import EngineScrape
 from narwhal.fleet.state import EngineHealth, HealthCheck, MetricsFailure, ScrapeResult
+from narwhal.protocol.dialects import capabilities
 
 log = logging.getLogger(__name__)
 # vLLM's first release with `return_token_ids` (PROTOCOL.md §1).
@@ -50,16 +51,17 @@ def _release(version: str) -> tuple[int, ...] | None:
 
 
 class _Engine:
-    __slots__ = ("base_url", "config", "placeable", "state")
+    __slots__ = ("base_url", "capabilities", "config", "placeable", "state")
 
     def __init__(self, config: EngineConfig, state: EngineHealth) -> None:
         self.config = config
+        self.capabilities = capabilities(config.dialect)
         self.base_url = config.url.rstrip("/")
         self.state = state
         self.placeable = state.placeable  # as last announced to subscribers
 
     def scrapes_metrics(self) -> bool:
-        return self.config.dialect != "openai" or self.state.metrics_supported is not False
+        return not self.capabilities.metrics_optional or self.state.metrics_supported is not False
 
 
 class FleetMonitor:
@@ -188,7 +190,7 @@ class FleetMonitor:
         else:
             if self._model is not None and (was_status != "up" or state.serves_model is None):
                 await self._check_model(engine)
-            if engine.config.dialect == "vllm" and was_status != "up":
+            if engine.capabilities.version_gates_token_ids and was_status != "up":
                 await self._check_version(engine)  # (a restart may have changed it)
         if scrape is not None:
             state.record_scrape(scrape, now)

@@ -17,6 +17,7 @@ import aiohttp
 
 from narwhal.fleet.scrape import parse_engine_metrics
 from narwhal.fleet.state import HealthCheck, MetricsFailure, ScrapeResult
+from narwhal.protocol.dialects import Dialect, capabilities
 
 # 404 from /metrics: the engine has no such endpoint (transformers serve, DESIGN.md §4).
 _NOT_FOUND = 404
@@ -46,7 +47,10 @@ async def check_health(
 
 
 async def scrape_metrics(
-    session: aiohttp.ClientSession, base_url: str, dialect: str, per_request: aiohttp.ClientTimeout
+    session: aiohttp.ClientSession,
+    base_url: str,
+    dialect: Dialect,
+    per_request: aiohttp.ClientTimeout,
 ) -> ScrapeResult:
     try:
         async with session.get(
@@ -70,7 +74,9 @@ async def scrape_metrics(
         return scrape
     # A generic OpenAI server may serve /metrics for something else entirely (its own
     # process metrics): for the scheduler that is the same as having none.
-    return MetricsFailure.ABSENT if dialect == "openai" else MetricsFailure.UNREADABLE
+    if capabilities(dialect).metrics_optional:
+        return MetricsFailure.ABSENT
+    return MetricsFailure.UNREADABLE
 
 
 async def list_models(

@@ -23,11 +23,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Final
 
-from narwhal.protocol.events import EngineOutputError, Route, engine_error
+from narwhal.protocol.events import EngineOutputError, Route, raise_for_engine_error
 from narwhal.protocol.exposure import Exposure
 from narwhal.protocol.fields import (
     CHOICE_METADATA,
     COMPLETION_CHOICE_METADATA,
+    DELTA_OUTPUT,
     DELTA_TEXT,
     TOP_LEVEL_DROPPED,
     expect_str,
@@ -36,7 +37,7 @@ from narwhal.protocol.fields import (
     unsupported,
 )
 from narwhal.protocol.logprobs import Logprobs
-from narwhal.protocol.tokens import check_token_ids
+from narwhal.protocol.tokens import check_token_ids, sglext_output_ids
 from narwhal.protocol.toolcalls import FunctionCall, ToolCalls
 from narwhal.protocol.usage import computed_usage, event_usage
 
@@ -48,7 +49,7 @@ _HEAD: Final = ("id", "object", "created", "model")
 _NOT_METADATA: Final = TOP_LEVEL_DROPPED | {"prompt_token_ids", "sglext"}
 _DELTA_TEXT: Final = frozenset(DELTA_TEXT)
 # The message fields a delta may send as null (the role never is).
-_MESSAGE_FIELDS: Final = _DELTA_TEXT | {"tool_calls", "function_call"}
+_MESSAGE_FIELDS: Final = frozenset(DELTA_OUTPUT)
 
 
 class _Choice:
@@ -274,16 +275,13 @@ class Assembler:
         self._choices: dict[int, _Choice] = {}
         self._metadata: dict[str, Any] = {}
         self._prompt_ids: list[int] | None = None
-        self._output_ids: list[Any] | None = None  # SGLang's sglext.output_ids, per choice
+        self._output_ids: list[list[int]] | None = None  # SGLang's sglext.output_ids, per choice
         self._usage: dict[str, Any] | None = None
 
     def add(self, event: Mapping[str, Any]) -> None:
         """One decoded, token-ID-validated engine event. Raises UpstreamError (502) for
         an engine error event, an unsupported field with a value or a malformed one."""
-        if "error" in event or event.get("object") == "error":
-            error = engine_error(event)
-            if error is not None:
-                raise error
+        raise_for_engine_error(event)
         metadata = self._metadata
         for key, value in event.items():
             # Response metadata (id, created, model, system_fingerprint,
@@ -323,18 +321,12 @@ class Assembler:
         sglext = event.get("sglext")
         if sglext is None:
             return
-        if type(sglext) is not dict:
-            malformed("sglext", "an object")
+        outputs = sglext_output_ids(event)  # (it checks that sglext is an object)
         inputs = sglext.get("input_ids")
         if inputs is not None and self._prompt_ids is None:
             check_token_ids(inputs, "sglext.input_ids")
             self._prompt_ids = inputs
-        outputs = sglext.get("output_ids")
         if outputs is not None:
-            if type(outputs) is not list:
-                malformed("sglext.output_ids", "an array")
-            for ids in outputs:
-                check_token_ids(ids, "sglext.output_ids")
             self._output_ids = outputs
 
     def result(self, *, prompt_tokens: int, completion_tokens: int) -> dict[str, Any]:

@@ -106,6 +106,16 @@ def all_finished(event: Mapping[str, Any]) -> bool:
     return True
 
 
+def raise_for_engine_error(event: Mapping[str, Any]) -> None:
+    """Raise the `EngineError` an engine's error event maps to (`engine_error`); any
+    other event passes. Every decoded event goes through this once per consumer, so the
+    usual one is settled by two key lookups, without the mapping."""
+    if "error" in event or event.get("object") == "error":
+        error = engine_error(event)
+        if error is not None:
+            raise error
+
+
 def engine_error(event: Mapping[str, Any]) -> EngineError | None:
     """Map an engine's error event to an `EngineError`, or None for a normal event.
 

@@ -13,9 +13,10 @@ are accepted, because engines serialise unset fields as explicit nulls, PROTOCOL
   §2.3), the ID lists `token_ids, prompt_token_ids` (§1.2, §1.3), and per-choice
   metadata kept as sent: `weight_versions` (vLLM §2.2), `routed_experts` (vLLM §2.4),
   `matched_stop` (SGLang §6.1) and, for completions, `prompt_logprobs` (vLLM §2.5).
-- chat delta: `role`, and the output fields `content, reasoning, reasoning_content,
-  refusal, tool_calls, function_call` (§2.2, §2.5, §6). `audio` and anything else
-  with a value is refused: Narwhal cannot assemble what it does not understand.
+- chat delta: `role`, and the output fields `DELTA_OUTPUT`: the text fields `content,
+  reasoning, reasoning_content, refusal` and the calls `tool_calls, function_call`
+  (§2.2, §2.5, §6). `audio` and anything else with a value is refused: Narwhal cannot
+  assemble what it does not understand.
 - tool-call fragment: `index, id, type, function{name, arguments}` (§2.2 DeltaToolCall,
   §6.3); a `type` other than "function" (custom tools) is refused.
 - legacy `function_call`: `name, arguments` (§2.5).
@@ -35,7 +36,13 @@ from narwhal.protocol.events import EngineOutputError
 
 CHOICE_METADATA: Final = frozenset(("weight_versions", "routed_experts", "matched_stop"))
 COMPLETION_CHOICE_METADATA: Final = CHOICE_METADATA | {"prompt_logprobs"}
+# The chat delta fields that are generated output, the one list of them: an event
+# carrying any of them must carry its token IDs (tokens.py, plain.py), the assembler
+# builds the message from them, and the load generator counts them (bench/scanner.py).
+# Text fields concatenate their string fragments, each under its own name.
 DELTA_TEXT: Final = ("content", "reasoning", "reasoning_content", "refusal")
+DELTA_CALLS: Final = ("tool_calls", "function_call")
+DELTA_OUTPUT: Final = DELTA_TEXT + DELTA_CALLS
 TOOL_CALL_KEYS: Final = frozenset(("index", "id", "type", "function"))
 FUNCTION_KEYS: Final = frozenset(("name", "arguments"))
 CHAT_LOGPROBS: Final = ("content", "refusal")

@@ -26,6 +26,7 @@ from typing import Annotated, Any, Final
 
 import msgspec
 from msgspec import UNSET, UnsetType
+from msgspec.structs import astuple
 
 _TOKEN_IDS_NAME: Final = b'"token_ids"'
 _PROMPT_IDS_NAME: Final = b'"prompt_token_ids"'
@@ -41,7 +42,9 @@ TokenId = Annotated[int, msgspec.Meta(ge=0)]
 
 
 class PlainDelta(msgspec.Struct, gc=False):
-    """The chat delta fields that are generated output (tokens.carries_output)."""
+    """The chat delta fields that are generated output, `fields.DELTA_OUTPUT` in its
+    order (a test holds them equal), each typed for the fast decode. A field missing here
+    would let an event whose output it holds pass as one without output."""
 
     content: str | None = None
     reasoning: str | None = None
@@ -51,14 +54,8 @@ class PlainDelta(msgspec.Struct, gc=False):
     function_call: dict[str, Any] | None = None
 
     def carries_output(self) -> bool:
-        return bool(
-            self.content
-            or self.reasoning
-            or self.reasoning_content
-            or self.refusal
-            or self.tool_calls
-            or self.function_call
-        )
+        """Some field is non-empty (tokens.carries_output on the decoded delta)."""
+        return any(astuple(self))
 
 
 class PlainChoice(msgspec.Struct, gc=False):

@@ -25,18 +25,22 @@ from collections.abc import Mapping
 from typing import Any, Final
 
 from narwhal.protocol.events import EngineOutputError, Route
+from narwhal.protocol.fields import DELTA_OUTPUT
 
-# Chat delta fields that are generated output: an event carrying any of them
-# non-empty must carry its token IDs.
-_CHAT_OUTPUT: Final = frozenset(
-    ("content", "reasoning", "reasoning_content", "refusal", "tool_calls", "function_call")
-)
+# An event carrying any of these non-empty must carry its token IDs.
+_CHAT_OUTPUT: Final = frozenset(DELTA_OUTPUT)
 # Lists longer than this are checked with C-level passes (prompt IDs can be 100k long).
 _SHORT: Final = 16
 
 
 class TokenIdError(EngineOutputError):
     """An event's token IDs are missing or malformed (502; fails the decode attempt)."""
+
+
+def missing_token_ids() -> TokenIdError:
+    """The error for an event that carries output without its `token_ids` (the seed: an
+    event that omits the list fails the decode attempt), on either decode path."""
+    return TokenIdError("engine event omits token_ids for generated output")
 
 
 def check_token_ids(ids: Any, where: str) -> int:
@@ -97,7 +101,7 @@ def count_event_token_ids(
         elif ids is not None:
             total += check_token_ids(ids, "token_ids")
         elif carries_output(choice, route):
-            raise TokenIdError("engine event omits token_ids for generated output")
+            raise missing_token_ids()
         prompt = choice.get("prompt_token_ids")
         if prompt_ids and prompt is not None:
             check_token_ids(prompt, "prompt_token_ids")
@@ -117,10 +121,11 @@ def count_prompt_token_ids(event: Mapping[str, Any]) -> int | None:
     return check_token_ids(prompt, "prompt_token_ids")
 
 
-def sglext_output_token_count(event: Mapping[str, Any]) -> int | None:
-    """Count the generated IDs of SGLang's end-of-stream `sglext` chunk
-    (`{"sglext": {"input_ids": [...], "output_ids": [[...per choice...]]}}`, PROTOCOL.md
-    §6.1), or None when the event has no sglext output IDs."""
+def sglext_output_ids(event: Mapping[str, Any]) -> list[list[int]] | None:
+    """The generated IDs of SGLang's end-of-stream `sglext` chunk, one validated list per
+    choice (`{"sglext": {"input_ids": [...], "output_ids": [[...per choice...]]}}`,
+    PROTOCOL.md §6.1), or None when the event has no sglext output IDs. Raises
+    TokenIdError when `sglext` is not an object or its output IDs are malformed."""
     sglext = event.get("sglext")
     if sglext is None:
         return None
@@ -131,7 +136,16 @@ def sglext_output_token_count(event: Mapping[str, Any]) -> int | None:
         return None
     if type(outputs) is not list:
         raise TokenIdError("engine sent sglext.output_ids that is not a list")
-    return sum(check_token_ids(ids, "sglext.output_ids") for ids in outputs)
+    for ids in outputs:
+        check_token_ids(ids, "sglext.output_ids")
+    return outputs
+
+
+def sglext_output_token_count(event: Mapping[str, Any]) -> int | None:
+    """How many generated IDs the event's `sglext` chunk gives (`sglext_output_ids`), or
+    None when it gives none."""
+    outputs = sglext_output_ids(event)
+    return None if outputs is None else sum(map(len, outputs))
 
 
 def carries_output(choice: Mapping[str, Any], route: Route) -> bool:

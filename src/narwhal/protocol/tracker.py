@@ -17,12 +17,12 @@ from typing import Any
 
 from msgspec import UNSET
 
-from narwhal.protocol.events import EngineOutputError, Route, engine_error
+from narwhal.protocol.events import EngineOutputError, Route, raise_for_engine_error
 from narwhal.protocol.plain import PlainEvent
 from narwhal.protocol.tokens import (
-    TokenIdError,
     carries_output,
     count_event_token_ids,
+    missing_token_ids,
     sglext_output_token_count,
 )
 
@@ -61,10 +61,7 @@ class OutputTracker:
 
     def observe(self, event: Mapping[str, Any], now: float) -> None:
         """Account one decoded event; raise UpstreamError if it fails the attempt."""
-        if "error" in event or event.get("object") == "error":
-            error = engine_error(event)
-            if error is not None:
-                raise error
+        raise_for_engine_error(event)
         if self._token_ids:
             count = count_event_token_ids(event, self._route, prompt_ids=self._prompt_ids)
         else:
@@ -134,7 +131,7 @@ class OutputTracker:
                             # What came before in this read was validated: count it.
                             if total:
                                 self._record(total, first, now)
-                            raise TokenIdError("engine event omits token_ids for generated output")
+                            raise missing_token_ids()
                         count += 1
                 reason = choice.finish_reason
                 index = choice.index

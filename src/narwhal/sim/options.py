@@ -9,9 +9,10 @@ and the in-process API takes the same object. Defaults model one H100 serving an
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
-Dialect = Literal["vllm", "sglang", "openai"]
+from narwhal.protocol.dialects import Dialect
+
 Role = Literal["both", "prefill", "decode"]
 
 
@@ -143,7 +144,7 @@ class SimOptions:
                 raise ValueError(f"{name} must be >= 0, got {value}")
         if self.drift_after_s is not None and self.drift_after_s < 0:
             raise ValueError(f"drift_after_s must be >= 0, got {self.drift_after_s}")
-        if self.dialect not in ("vllm", "sglang", "openai"):
+        if self.dialect not in get_args(Dialect):
             raise ValueError(f"unknown dialect {self.dialect!r}")
         if self.role not in ("both", "prefill", "decode"):
             raise ValueError(f"unknown role {self.role!r}")

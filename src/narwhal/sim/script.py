@@ -22,6 +22,7 @@ from typing import Final, Literal
 
 import msgspec
 
+from narwhal.protocol.dialects import Dialect
 from narwhal.protocol.tokenizer import EOS_ID, THINK_END_ID, TOOL_CALL_END_ID, TOOL_CALL_START_ID
 from narwhal.protocol.tokenizer import SimTokenizer as _Tokenizer
 from narwhal.sim.scenarios import Scenarios
@@ -131,7 +132,7 @@ class GenerationRequest:
     seed: int | None = None
     top_logprobs: int | None = None  # None: logprobs off; else alternatives per token
     tool_names: tuple[str, ...] = ()
-    tool_id_style: Literal["vllm", "sglang", "openai"] = "vllm"
+    tool_id_style: Dialect = "vllm"
     request_id: str = ""
 
 

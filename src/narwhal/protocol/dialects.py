@@ -1,0 +1,108 @@
+"""What each engine dialect does on the wire, in one table (sans-IO).
+
+A dialect is how Narwhal talks to an engine (`engines[].dialect` in the configuration,
+`narwhal sim --dialect`): vLLM first, SGLang second, any OpenAI-compatible server third
+(DESIGN.md). Every decision the router takes by dialect reads `capabilities(dialect)`:
+what the upstream request asks for (`upstream.upstream_body`), what the engine's events
+carry (the tracker's token IDs, the exposure filter's nulls), what the fleet monitor may
+expect of the engine, and what /admin/engines reports (`token_accounting`). Each fact
+cites the PROTOCOL.md section it comes from.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Final, Literal, get_args
+
+from narwhal.protocol.events import Route
+
+Dialect = Literal["vllm", "sglang", "openai"]
+TokenAccounting = Literal["token_ids", "unavailable"]
+
+ROUTES: Final[frozenset[Route]] = frozenset(get_args(Route))
+# vLLM's own request fields, which a generic OpenAI-compatible server may answer 422 to
+# (PROTOCOL.md §6.3).
+VLLM_ONLY_FIELDS: Final = ("return_token_ids", "stream_interval", "kv_transfer_params")
+
+
+@dataclass(frozen=True, slots=True)
+class DialectCapabilities:
+    """One dialect's facts, as the router's decisions ask them."""
+
+    name: Dialect
+    token_ids_on: frozenset[Route]
+    """The routes on which the engine gives validated token IDs on every event that
+    carries output, when asked with `return_token_ids`: vLLM on both (PROTOCOL.md §1.2,
+    §1.3), SGLang on /v1/completions only (§6.1). There Narwhal asks for them and counts
+    and times output by them."""
+    sglext_ids_on: frozenset[Route]
+    """The routes on which the engine gives a stream's IDs only at its end, in one
+    `sglext` chunk, when asked (SGLang's streamed chat, §6.1): an exact count, no
+    per-token timing."""
+    vllm_fields: frozenset[str]
+    """Which of `VLLM_ONLY_FIELDS` the engine takes; the others are removed from the
+    upstream body (SGLang has no `stream_interval`; generic servers take none, §6.3)."""
+    null_usage: bool
+    """The engine writes `"usage": null` on its chunks whatever was asked: SGLang dumps
+    them with their null fields (§6.1); vLLM leaves the key out, and OpenAI writes the
+    null only when usage was asked (§2.5)."""
+    null_ids: bool
+    """The engine writes its ID lists as null when they were not asked for: vLLM does
+    (§1.2); SGLang leaves them out (§6.1)."""
+    metrics_optional: bool
+    """The engine may serve no /metrics, or a page without load metrics, and still be
+    healthy: generic servers (`transformers serve` answers 404, DESIGN.md §4)."""
+    version_gates_token_ids: bool
+    """The engine's GET /version tells whether it gives token IDs at all: vLLM releases
+    before `return_token_ids` (0.10.2) send none (PROTOCOL.md §1)."""
+
+
+_NOWHERE: Final[frozenset[Route]] = frozenset()
+
+_TABLE: Final[dict[Dialect, DialectCapabilities]] = {
+    "vllm": DialectCapabilities(
+        name="vllm",
+        token_ids_on=ROUTES,
+        sglext_ids_on=_NOWHERE,
+        vllm_fields=frozenset(VLLM_ONLY_FIELDS),
+        null_usage=False,
+        null_ids=True,
+        metrics_optional=False,
+        version_gates_token_ids=True,
+    ),
+    "sglang": DialectCapabilities(
+        name="sglang",
+        token_ids_on=frozenset(("completion",)),
+        sglext_ids_on=frozenset(("chat",)),
+        vllm_fields=frozenset(("return_token_ids", "kv_transfer_params")),
+        null_usage=True,
+        null_ids=False,
+        metrics_optional=False,
+        version_gates_token_ids=False,
+    ),
+    "openai": DialectCapabilities(
+        name="openai",
+        token_ids_on=_NOWHERE,
+        sglext_ids_on=_NOWHERE,
+        vllm_fields=frozenset(),
+        null_usage=False,
+        null_ids=False,
+        metrics_optional=True,
+        version_gates_token_ids=False,
+    ),
+}
+
+
+def capabilities(dialect: Dialect) -> DialectCapabilities:
+    """The facts of `dialect`."""
+    return _TABLE[dialect]
+
+
+def token_accounting(dialect: Dialect) -> TokenAccounting:
+    """How an engine of `dialect` has its output counted, as /admin/engines reports it
+    (DESIGN.md §3): `token_ids` when it gives validated per-event token IDs on every
+    completion route, so every request's output length and per-token timing come from
+    IDs; `unavailable` when on some route they do not (SGLang's streamed chat, every
+    route of a generic server), and output there is counted from the engine's usage or
+    from its events (the seed's `token_accounting: unavailable`)."""
+    return "token_ids" if capabilities(dialect).token_ids_on == ROUTES else "unavailable"
