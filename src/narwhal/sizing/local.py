@@ -1,4 +1,4 @@
-"""Workload sizing: how many prompt tokens a request brings.
+"""Prompt sizing in the router's own process: a configured tokenizer.json, or the text estimate.
 
 By default the simulator's deterministic tokenizer (shared with `narwhal sim`, so the
 router's sizing of simulated traffic is exact). With `tokenizer:` set to a tokenizer.json,
