@@ -15,7 +15,7 @@ from narwhal.api.ops import OpsRoutes
 from narwhal.config import Config
 from narwhal.dispatch import Dispatcher
 from narwhal.metrics import RouterMetrics
-from narwhal.sizing import load_sizer
+from narwhal.sizing import WorkloadSizer, load_sizer
 from narwhal.state import RouterState
 
 
@@ -25,9 +25,8 @@ class Router:
         self.metrics = RouterMetrics()
         self.state = RouterState()
         self.dispatcher = Dispatcher(config, self.metrics)
-        front = CompletionFront(
-            config, self.metrics, self.dispatcher, load_sizer(config.tokenizer), self.state
-        )
+        sizer = WorkloadSizer(load_sizer(config.tokenizer), remote=None, use_engine=False)
+        front = CompletionFront(config, self.metrics, self.dispatcher, sizer, self.state)
         ops = OpsRoutes(config.model, self.metrics, self.dispatcher, self.state)
         self.app: web.Application = build_app(front, ops, config.serving.max_request_bytes)
         AdminRoutes(self.dispatcher, config.serving.admin_token).add_to(self.app)
