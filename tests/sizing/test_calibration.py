@@ -43,6 +43,13 @@ def test_long_prompts_weigh_more_than_short_ones() -> None:
     assert calibration.ratio("chat") == pytest.approx(1.2, abs=0.001)
 
 
+def test_one_outlier_moves_the_factor_no_further_than_the_clamp() -> None:
+    calibration = EstimateCalibration(weight=0.5)
+    calibration.observe("chat", 10, 10_000)  # taken as 40
+    calibration.observe("chat", 10, 10)
+    assert calibration.ratio("chat") == pytest.approx(2.0)  # (0.5·20 + 5) / (0.5·5 + 5)
+
+
 def test_outliers_are_clamped() -> None:
     calibration = EstimateCalibration(weight=1.0)
     calibration.observe("chat", 10, 10_000)

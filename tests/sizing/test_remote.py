@@ -202,6 +202,7 @@ async def test_with_no_engine_left_to_ask_it_falls_back_without_a_call(
         ("bool", "bad_answer"),
         ("string", "bad_answer"),
         ("huge", "too_large"),
+        ("huge_chunked", "too_large"),
     ],
 )
 async def test_bad_answers_fall_back_and_are_counted_by_kind(

@@ -18,6 +18,7 @@ from narwhal.sizing import (
     TokenizeCandidate,
     WorkloadSizer,
 )
+from narwhal.sizing.calibration import EstimateCalibration
 from tests.sizing.tokenize_server import TokenizeServer
 
 MODEL = "m"
@@ -99,7 +100,11 @@ async def test_open_mode_is_todays_local_sizing_whatever_it_is_given(
     session: aiohttp.ClientSession, tokenize_server: TokenizeServer
 ) -> None:
     local = PromptSizer()
-    sizer = WorkloadSizer(local, engine(session, tokenize_server.url), use_engine=False)
+    learned = EstimateCalibration()
+    learned.observe("chat", 100, 300)
+    sizer = WorkloadSizer(
+        local, engine(session, tokenize_server.url), use_engine=False, calibration=learned
+    )
     request, size = chat("Sized here, as before.")
     first = await sizer.size(request, size)
     assert first == PromptSize(local(request), "estimate", local(request))

@@ -3,8 +3,8 @@
 `behaviour` says how POST /tokenize answers: "ok" (`{"count": count}`), "hold" (wait until
 `release` is set, then as "ok"), "stall" (never, until the server stops), "404", "405",
 "500", "garbage" (not JSON), "negative", "bool" and "string" (bad counts), "huge" (a body
-over 1 MiB). `bodies` keeps every request body it was sent; `wait_for_requests(n)` returns
-once there are n.
+over 1 MiB, with its Content-Length), "huge_chunked" (the same without one). `bodies`
+keeps every request body it was sent; `wait_for_requests(n)` returns once there are n.
 """
 
 from __future__ import annotations
@@ -61,5 +61,14 @@ class TokenizeServer:
             return web.Response(text="<html>nope</html>", content_type="text/html")
         if behaviour == "huge":
             return web.json_response({"count": 3, "tokens": [1] * 600_000})
+        if behaviour == "huge_chunked":
+            response = web.StreamResponse(headers={"Content-Type": "application/json"})
+            response.enable_chunked_encoding()
+            await response.prepare(request)
+            await response.write(b'{"count": 3, "tokens": [')
+            for _ in range(40):
+                await response.write(b"1," * 16_384)
+            await response.write(b"1]}")
+            return response
         count: object = {"negative": -1, "bool": True, "string": "42"}.get(behaviour, self.count)
         return web.json_response({"count": count, "max_model_len": 32768, "tokens": []})
