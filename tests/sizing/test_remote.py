@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -150,8 +151,11 @@ async def test_a_stalled_engine_falls_back_within_the_timeout(
 
 
 async def test_an_engine_without_the_endpoint_is_not_asked_again_for_a_while(
-    session: aiohttp.ClientSession, tokenize_server: TokenizeServer
+    session: aiohttp.ClientSession,
+    tokenize_server: TokenizeServer,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
+    caplog.set_level(logging.DEBUG, logger="narwhal.sizing.remote")
     working = TokenizeServer(count=9)
     await working.start()
     try:
@@ -179,6 +183,8 @@ async def test_an_engine_without_the_endpoint_is_not_asked_again_for_a_while(
         for i in range(4):
             await tokenizer.count(request("completion", prompt=f"r{i}"))
         assert len(tokenize_server.bodies) == 2 and tokenizer.failures["absent"] == 2
+        said = [r for r in caplog.records if r.levelno >= logging.INFO]
+        assert [r.getMessage().split(" answered")[0] for r in said] == ["engine absent"]
     finally:
         await working.stop()
 

@@ -99,6 +99,7 @@ def make_query(request: CompletionRequest) -> TokenizeQuery | None:
         if not all(_text_only(m.get("content")) for m in messages):
             return None
         content = {"messages": messages}
+        # add_generation_prompt is vLLM's; `_body` leaves it out for SGLang.
         for field in (*_TEMPLATE_FIELDS, "add_generation_prompt"):
             value = body.get(field)
             if value is not None:
@@ -263,9 +264,12 @@ class EngineTokenizer:
 
     def _mark_absent(self, engine: TokenizeCandidate, status: int) -> None:
         self.failures["absent"] += 1
+        # Said once per engine; the recheck every recheck_after_s would repeat it for ever.
+        level = logging.DEBUG if engine.name in self._absent_until else logging.INFO
         self._absent_until[engine.name] = self._clock() + self._recheck_after_s
-        log.info(
-            "engine %s answered %d to %s: prompts are sized without it for %.0f s",
+        log.log(
+            level,
+            "engine %s answered %d to %s: prompts are sized without it, asked again every %.0f s",
             engine.name,
             status,
             TOKENIZE_PATHS[engine.dialect],
