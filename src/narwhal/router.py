@@ -25,7 +25,7 @@ from narwhal.fleet.monitor import FleetMonitor
 from narwhal.metrics import RouterMetrics
 from narwhal.scheduler.registry import EngineRegistry
 from narwhal.scheduler.scheduler import Scheduler
-from narwhal.sizing import load_sizer
+from narwhal.sizing import WorkloadSizer, load_sizer
 from narwhal.state import RouterState
 
 
@@ -53,9 +53,8 @@ class Router:
             config, self.metrics, self.registry, self.scheduler, self.gate, clients
         )
         self.report = EngineReport(self.registry, self.scheduler)
-        front = CompletionFront(
-            config, self.metrics, self.dispatcher, load_sizer(config.tokenizer), self.state
-        )
+        sizer = WorkloadSizer(load_sizer(config.tokenizer), remote=None, use_engine=False)
+        front = CompletionFront(config, self.metrics, self.dispatcher, sizer, self.state)
         ops = OpsRoutes(config.model, self.metrics, self.dispatcher, self.state)
         self.app: web.Application = build_app(front, ops, config.serving.max_request_bytes)
         AdminRoutes(self.dispatcher, self.report, config.serving.admin_token).add_to(self.app)

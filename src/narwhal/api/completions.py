@@ -23,11 +23,10 @@ from narwhal.config import Config
 from narwhal.errors import InvalidRequest, NarwhalError, Outcome, RouterUnavailable, TerminalExpiry
 from narwhal.metrics import RouterMetrics
 from narwhal.protocol.requests import Route, parse_request
-from narwhal.sizing import PromptSizer
+from narwhal.sizing import WorkloadSizer
 from narwhal.state import RouterState
 
 TIMEOUT_HEADER = "X-Request-Timeout"
-_SIZE_INLINE_BYTES = 64 * 1024
 log = logging.getLogger(__name__)
 
 
@@ -37,7 +36,7 @@ class CompletionFront:
         config: Config,
         metrics: RouterMetrics,
         service: CompletionService,
-        sizer: PromptSizer,
+        sizer: WorkloadSizer,
         state: RouterState,
     ) -> None:
         self._state = state
@@ -66,12 +65,7 @@ class CompletionFront:
             reason = self._state.unavailable_reason()
             if reason is not None:
                 raise RouterUnavailable(f"This router is not serving requests ({reason}).")
-            if len(raw) > _SIZE_INLINE_BYTES:
-                # Tokenizing a long prompt takes tens of milliseconds (about 40 ms a
-                # megabyte here): in pieces, so no other stream stalls meanwhile.
-                prompt_tokens = await self._sizer.size_long(parsed)
-            else:
-                prompt_tokens = self._sizer(parsed)
+            prompt_tokens = (await self._sizer.size(parsed, len(raw))).tokens
             context = RequestContext(
                 request_id=request_id,
                 arrived=arrived,

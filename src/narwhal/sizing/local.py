@@ -1,4 +1,4 @@
-"""Workload sizing: how many prompt tokens a request brings.
+"""Prompt sizing in the router's own process: a configured tokenizer.json, or the text estimate.
 
 By default the simulator's deterministic tokenizer (shared with `narwhal sim`, so the
 router's sizing of simulated traffic is exact). With `tokenizer:` set to a tokenizer.json,
@@ -25,6 +25,11 @@ class PromptSizer:
     def __init__(self, count_text: Callable[[str], int] | None = None) -> None:
         self._sim = SimTokenizer()
         self._count_text = count_text
+
+    @property
+    def exact(self) -> bool:
+        """Whether counts come from the model's own tokenizer (a configured tokenizer.json)."""
+        return self._count_text is not None
 
     def __call__(self, request: CompletionRequest) -> int:
         fixed, texts = self._parts(request)
@@ -66,6 +71,22 @@ class PromptSizer:
             return len(prompt), []
         fixed = sum(len(p) if isinstance(p, list) else bos for p in prompt)
         return fixed, [p for p in prompt if isinstance(p, str)]
+
+
+def token_id_count(request: CompletionRequest) -> int | None:
+    """The exact count of a completion prompt given as token IDs (a list of IDs, or a list of
+    such lists), which no tokenizer is needed for; None for any prompt with text in it."""
+    if request.route != "completion":
+        return None
+    prompt = request.body["prompt"]
+    if isinstance(prompt, str):
+        return None
+    # parse_request has checked the shapes: all IDs, or each item a string or an ID list.
+    if isinstance(prompt[0], int):
+        return len(prompt)
+    if all(isinstance(p, list) for p in prompt):
+        return sum(len(p) for p in prompt)
+    return None
 
 
 def _message_text(message: Mapping[str, Any]) -> str:
