@@ -1,0 +1,99 @@
+"""One engine's model against a synthetic engine: it learns service times under load,
+projects the backlog, scores drift and survives absurd samples."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+
+from narwhal.models.engine import DRIFT_THRESHOLD, EngineModel
+from narwhal.models.profile import ProbeSample, fit_profile
+
+
+def profiled(a: float = 0.008, b: float = 0.05, tpot: float = 0.006) -> EngineModel:
+    model = EngineModel("e")
+    samples = [ProbeSample(p, a + b * p / 1000, tpot, 16) for p in (64, 512, 2048, 64)]
+    model.install(fit_profile(samples, source="token_ids", wall=0.0, now=0.0))
+    return model
+
+
+def serve_fifo(model: EngineModel, prompts: list[int], speed: float, start: float) -> float:
+    """A FIFO engine prefilling at `speed` x the profile: place all, finish in order."""
+    now = start
+    for i, p in enumerate(prompts):
+        model.prefill_placed(i, p, 0.0, start)
+    for i, p in enumerate(prompts):
+        now += speed * (0.008 + 0.05 * p / 1000)
+        model.prefill_finished(i, now)
+    return now
+
+
+def test_projects_the_backlog_of_placed_work() -> None:
+    model = profiled()
+    for i in range(4):
+        model.prefill_placed(i, 1000, 0.0, 0.0)
+    assert model.backlog(0.0) == pytest.approx(4 * 0.058, rel=1e-6)
+    assert model.backlog(0.03) == pytest.approx(4 * 0.058 - 0.03, rel=1e-6)
+    assert model.service(1000, 0.0) + model.backlog(0.0) == pytest.approx(5 * 0.058, rel=1e-6)
+
+
+def test_learns_an_engine_slower_than_its_profile() -> None:
+    model = profiled()
+    rng = random.Random(1)
+    now = 0.0
+    for _ in range(60):
+        prompts = [rng.randint(100, 4000) for _ in range(5)]
+        now = serve_fifo(model, prompts, speed=1.5, start=now + 1.0)
+    for p in (200, 1000, 3000):
+        assert model.service(p, 0.0) == pytest.approx(1.5 * (0.008 + 0.05 * p / 1000), rel=0.1)
+    assert model.prefill_drift.score == pytest.approx(math.log(1.5), abs=0.1)
+
+
+def test_tpot_drift_rises_past_the_threshold_and_reprofiling_resets_it() -> None:
+    model = profiled()
+    for _ in range(30):
+        model.observe_tpot(0.006, 0.0, 1.0)
+    assert not model.drifted and model.penalty == 1.0
+    for _ in range(30):
+        model.observe_tpot(0.012, 0.0, 2.0)
+    assert model.drifted and model.tpot_drift.score > DRIFT_THRESHOLD
+    assert model.penalty == pytest.approx(1 + model.drift) and model.penalty > 1.5
+    for _ in range(300):
+        model.observe_tpot(0.012, 0.0, 2.0)
+    assert model.tpot(0.0, 2.0) == pytest.approx(0.012, rel=0.1)  # the fit follows
+    profile = model.profile
+    assert profile is not None
+    model.install(profile)  # (a re-profile installs a new baseline)
+    assert not model.drifted and model.penalty == 1.0
+
+
+def test_absurd_samples_stay_finite_and_the_model_recovers() -> None:
+    model = profiled()
+    model.prefill_placed("stall", 1000, 0.0, 0.0)
+    model.prefill_finished("stall", 600.0)  # a 10-minute stall
+    model.prefill_placed("jump", 1000, 0.0, 700.0)
+    model.prefill_finished("jump", 650.0)  # the clock went back
+    for bad in (0.0, -1.0, math.nan, math.inf, 1e9):
+        model.observe_tpot(bad, 0.0, 700.0)
+        model.observe_first_step(1000, bad)
+    for key in ("x", "y"):
+        model.prefill_placed(key, 1000, 0.0, 700.0)
+        model.prefill_dropped(key)
+    assert math.isfinite(model.service(1000, 0.0)) and model.service(1000, 0.0) > 0
+    assert math.isfinite(model.tpot(10.0, 700.0)) and model.backlog(700.0) == 0.0
+    now = 800.0
+    for _ in range(300):
+        now = serve_fifo(model, [1000], speed=1.0, start=now + 1.0)
+        model.observe_tpot(0.006, 0.0, now)
+    assert model.service(1000, 0.0) == pytest.approx(0.058, rel=0.1)
+    assert model.tpot(0.0, now + 100) == pytest.approx(0.006, rel=0.1)
+
+
+def test_state_is_bounded_by_the_requests_in_flight() -> None:
+    model = profiled()
+    for i in range(10_000):
+        model.prefill_placed(i, 500, 0.0, float(i))
+        model.prefill_finished(i, float(i) + 0.03)
+    assert len(model.lane) == 0 and not model._pending
