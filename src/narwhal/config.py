@@ -53,6 +53,8 @@ class EnginePhaseConcurrency(Struct, frozen=True, forbid_unknown_fields=True, kw
 class AdmissionConfig(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
     mode: Literal["predictive", "open"] = "predictive"
     ttft_target_s: PositiveSeconds = 2.0
+    # Optional: engines whose TPOT would exceed it score worse for new decode work.
+    tpot_target_s: PositiveSeconds | None = None
     queue_limit: NonNegativeInt = 1024
     wait_timeout_s: PositiveSeconds = 30.0
     phase_concurrency: PhaseConcurrency = PhaseConcurrency()

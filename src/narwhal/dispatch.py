@@ -22,11 +22,12 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from narwhal.admission.gate import AdmissionGate, Unplaceable
+from narwhal.admission.predictive import PredictiveCheck
 from narwhal.admission.queue import Ticket
 from narwhal.config import Config
 from narwhal.engines.client import EngineClient, EngineUnavailable
@@ -41,16 +42,18 @@ from narwhal.errors import (
 )
 from narwhal.fleet.monitor import FleetMonitor
 from narwhal.metrics import RouterMetrics
+from narwhal.models.lengths import OutputLengths
 from narwhal.protocol.assembly import Assembler
 from narwhal.protocol.events import EngineError, EngineOutputError
 from narwhal.protocol.exposure import Exposure
 from narwhal.protocol.forward import StreamCollector, StreamForwarder
-from narwhal.protocol.requests import CompletionRequest
+from narwhal.protocol.requests import CompletionRequest, Route
 from narwhal.protocol.tracker import OutputTracker
 from narwhal.protocol.upstream import upstream_body
 from narwhal.scheduler.placement import PlacementRequest
 from narwhal.scheduler.registry import EngineRegistry
 from narwhal.scheduler.scheduler import Plan, Scheduler
+from narwhal.sizing import PromptSize
 
 log = logging.getLogger(__name__)
 _DRAIN_TIMEOUT_S = 1.0
@@ -67,6 +70,7 @@ class RequestContext:
     deadline: float  # time.monotonic() by which it must be done
     prompt_tokens: int  # workload sizing
     authorization: str | None = None  # the client's Authorization header
+    prompt_size: PromptSize | None = None  # how the prompt was sized
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,7 +147,13 @@ class Dispatcher:
         gate: AdmissionGate,
         clients: Mapping[str, EngineClient],
         monitor: FleetMonitor | None = None,
+        *,
+        check: PredictiveCheck | None = None,
+        lengths: OutputLengths | None = None,
+        prompt_counted: Callable[[Route, PromptSize, int], None] | None = None,
     ) -> None:
+        """`check`, `lengths`: predictive admission (the TTFT check, output-length
+        learning); `prompt_counted`: told the engine's count of each sized prompt."""
         self._config = config
         self.metrics = metrics
         self.registry = registry
@@ -151,6 +161,9 @@ class Dispatcher:
         self.gate = gate
         self._clients = clients
         self.monitor = monitor
+        self._check = check
+        self._lengths = lengths
+        self._prompt_counted = prompt_counted
         for engine in config.engines:  # every engine's series from the start: zeros, not gaps
             metrics.engine_series(engine.name)
 
@@ -187,17 +200,43 @@ class Dispatcher:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + (context.deadline - time.monotonic())
         self.gate.hold()
-        ticket = Ticket(
-            PlacementRequest.sized(request.route, context.prompt_tokens, request.max_tokens)
-        )
+        ticket = Ticket(self._placement_request(request, context))
         leased = False
         try:
+            if self._check is not None:
+                now = time.monotonic()
+                projection = self._check.check(
+                    ticket.request,
+                    arrived=context.arrived,
+                    now=now,
+                    queued=len(self.gate.controller.queue),
+                )
+                if projection is not None:
+                    ticket.projected_ttft = projection.raw
+                    ticket.checked_at = now
             result = await self._attempts(request, context, ticket, deadline)
             leased = isinstance(result, StreamLease)
             return result
         finally:
             if not leased:
                 self.release(ticket)
+
+    def _placement_request(
+        self, request: CompletionRequest, context: RequestContext
+    ) -> PlacementRequest:
+        lengths = self._lengths
+        if lengths is None:
+            return PlacementRequest.sized(request.route, context.prompt_tokens, request.max_tokens)
+        budget = self._config.admission.ttft_target_s
+        return PlacementRequest(
+            route=request.route,
+            prompt_tokens=context.prompt_tokens,
+            max_tokens=request.max_tokens,
+            predicted_output=lengths.predict(
+                request.route, context.prompt_tokens, request.max_tokens
+            ),
+            ttft_due=context.arrived + budget,
+        )
 
     def release(self, ticket: Ticket) -> None:
         """The request is over: its slots, placement and retention go back."""
@@ -259,6 +298,7 @@ class Dispatcher:
             token_ids=request.route in client.capabilities.token_ids_on,
             prompt_ids=request.return_token_ids,
         )
+        ticket.output = tracker
         stream: EngineStream | None = None
         working = plan.first  # the engine a failure now would be on
         leased = False
@@ -322,6 +362,11 @@ class Dispatcher:
         tokens, source = tracker.output_tokens()
         if tokens:
             series.output_tokens[source].inc(tokens)
+        size = context.prompt_size
+        if self._prompt_counted is not None and size is not None and tracker.usage:
+            counted = tracker.usage.get("prompt_tokens")
+            if type(counted) is int and counted > 0:
+                self._prompt_counted(tracker.route, size, counted)
 
     def _expired_before_headers(self) -> TerminalExpiry:
         self.metrics.expired.labels("deadline_before_headers").inc()

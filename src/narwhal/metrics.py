@@ -17,7 +17,8 @@ from narwhal.errors import Outcome
 
 OUTCOMES: Final[tuple[Outcome, ...]] = get_args(Outcome)
 REJECT_REASONS = ("retention", "queue")
-REFUSE_REASONS = ("ttft_budget", "prompt_exceeds_budget")
+# prompt: the prompt alone exceeds the TTFT budget; projected: the projected TTFT does.
+REFUSE_REASONS = ("prompt", "projected")
 EXPIRY_STAGES = ("admission_wait", "deadline_before_headers", "deadline_streaming")
 TOKEN_SOURCES = ("token_ids", "usage", "events")
 FAILURE_STAGES = ("before_headers", "after_headers")
@@ -116,6 +117,12 @@ class RouterMetrics:
             "Requests Narwhal has on each engine, by phase: prefill (placed, prefill not "
             "done there) and decode (past the first token).",
             ["engine", "phase"],
+            registry=r,
+        )
+        self.ttft_prediction_error = Histogram(
+            "narwhal_ttft_prediction_error_ratio",
+            "Predictive admission: |measured - expected| / measured TTFT of admitted requests.",
+            buckets=(0.02, 0.05, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0, 2.0),
             registry=r,
         )
         self.admission_wait = Histogram(

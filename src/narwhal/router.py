@@ -2,7 +2,14 @@
 
 No component reaches another through globals, and none builds its own collaborators:
 each gets them here, through its constructor. Start-up runs in dependency order (engine
-connections, then the fleet monitor's first round), shutdown in reverse.
+connections, then the fleet monitor's first round, then, in predictive mode, the first
+profiling round), shutdown in reverse.
+
+`admission.mode: predictive` adds the models (`ModelBook`, one `EngineModel` per
+engine), the learning listener on admission's transitions, the projecting scorer
+(unless `fleet.policy: round_robin`), the predictive check, the profiler (an engine is
+placeable once profiled) and prompt sizing by the engines' tokenize endpoints. `open`
+builds none of them: placement by in-flight work, as before.
 """
 
 from __future__ import annotations
@@ -10,8 +17,9 @@ from __future__ import annotations
 import aiohttp
 from aiohttp import web
 
-from narwhal.admission.controller import Admission
+from narwhal.admission.controller import Admission, PlacementListener
 from narwhal.admission.gate import AdmissionGate
+from narwhal.admission.predictive import PredictiveCheck
 from narwhal.api.admin import AdminRoutes
 from narwhal.api.app import build_app
 from narwhal.api.completions import CompletionFront
@@ -20,13 +28,21 @@ from narwhal.api.ops import OpsRoutes
 from narwhal.config import Config
 from narwhal.dispatch import Dispatcher
 from narwhal.engines.client import EngineClient
+from narwhal.engines.profiling import Profiler
 from narwhal.engines.upstream import UpstreamPool
 from narwhal.fleet.monitor import FleetMonitor
 from narwhal.metrics import RouterMetrics
-from narwhal.scheduler.registry import EngineRegistry
+from narwhal.models.book import ModelBook
+from narwhal.models.metrics import ModelCollector
+from narwhal.scheduler.learning import PlacementLearning
+from narwhal.scheduler.predictive import ProjectingScorer, decoding_on
+from narwhal.scheduler.registry import EngineEntry, EngineRegistry
 from narwhal.scheduler.scheduler import Scheduler
-from narwhal.sizing import WorkloadSizer, load_sizer
+from narwhal.sizing import EngineTokenizer, TokenizeCandidate, WorkloadSizer, load_sizer
 from narwhal.state import RouterState
+
+# How long start-up waits for the first profiles before listening (predictive mode).
+PROFILE_WAIT_S = 10.0
 
 
 class Router:
@@ -35,36 +51,78 @@ class Router:
         self.metrics = RouterMetrics()
         self.state = RouterState()
         self.registry = EngineRegistry(config.engines)
-        self.scheduler = Scheduler(self.registry, round_robin=config.fleet.policy == "round_robin")
         admission = config.admission
+        predictive = admission.mode == "predictive"
+        round_robin = config.fleet.policy == "round_robin"
+        self.book: ModelBook | None = None
+        listener: PlacementListener | None = None
+        check: PredictiveCheck | None = None
+        self.scheduler = Scheduler(self.registry, round_robin=round_robin)
+        if predictive:
+            book = self.book = ModelBook(
+                self.registry.entries,
+                ttft_budget_s=admission.ttft_target_s,
+                prediction_error=self.metrics.ttft_prediction_error.observe,
+            )
+            for name, entry in self.registry.entries.items():
+                entry.model = book.model(name)
+            self.registry.set_ready_predicate(_profiled)
+            listener = PlacementLearning(book)
+            if not round_robin:
+                self.scheduler.scorer = ProjectingScorer(
+                    book, tpot_target_s=admission.tpot_target_s
+                )
+            check = PredictiveCheck(
+                self.registry,
+                book,
+                ttft_budget_s=admission.ttft_target_s,
+                refused=lambda reason: self.metrics.refused.labels(reason).inc(),
+            )
+            entries = self.registry.entries
+            self.metrics.registry.register(
+                ModelCollector(book, lambda name: decoding_on(entries[name]))
+            )
         self.admission = Admission(
             self.scheduler,
             max_retained=config.serving.max_retained,
             queue_limit=admission.queue_limit,
             prefill_limit=admission.phase_concurrency.prefill,
             decode_limit=admission.phase_concurrency.decode,
+            listener=listener,
         )
         self.gate = AdmissionGate(
             self.admission, self.metrics, wait_timeout_s=admission.wait_timeout_s
         )
         self.pool = UpstreamPool(connect_timeout=5.0, idle_timeout=30.0)
-        clients = {e.name: EngineClient(e, self.pool) for e in config.engines}
+        self.clients = {e.name: EngineClient(e, self.pool) for e in config.engines}
+        # Engines' tokenize endpoints size prompts only where the count decides something.
+        self.sizer = WorkloadSizer(
+            load_sizer(config.tokenizer), use_engine=predictive and config.tokenizer is None
+        )
         self.dispatcher = Dispatcher(
-            config, self.metrics, self.registry, self.scheduler, self.gate, clients
+            config,
+            self.metrics,
+            self.registry,
+            self.scheduler,
+            self.gate,
+            self.clients,
+            check=check,
+            lengths=None if self.book is None else self.book.lengths,
+            prompt_counted=self.sizer.observe_engine_prompt_tokens,
         )
         self.report = EngineReport(self.registry, self.scheduler)
-        sizer = WorkloadSizer(load_sizer(config.tokenizer), remote=None, use_engine=False)
-        front = CompletionFront(config, self.metrics, self.dispatcher, sizer, self.state)
+        front = CompletionFront(config, self.metrics, self.dispatcher, self.sizer, self.state)
         ops = OpsRoutes(config.model, self.metrics, self.dispatcher, self.state)
         self.app: web.Application = build_app(front, ops, config.serving.max_request_bytes)
         AdminRoutes(self.dispatcher, self.report, config.serving.admin_token).add_to(self.app)
         self.app.on_startup.append(self._on_startup)
         self.app.on_cleanup.append(self._on_cleanup)
-        self._session: aiohttp.ClientSession | None = None  # the fleet monitor's
+        self._session: aiohttp.ClientSession | None = None  # fleet probes, tokenize calls
         self.monitor: FleetMonitor | None = None
+        self.profiler: Profiler | None = None
 
     async def _on_startup(self, app: web.Application) -> None:
-        self._session = aiohttp.ClientSession(
+        session = self._session = aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=30),
             timeout=aiohttp.ClientTimeout(total=None, sock_connect=5),
             auto_decompress=False,
@@ -72,7 +130,7 @@ class Router:
         monitor = FleetMonitor(
             self.config.engines,
             self.config.fleet,
-            self._session,
+            session,
             self.metrics.registry,
             model=self.config.model,
         )
@@ -81,11 +139,35 @@ class Router:
         self.registry.set_health_predicate(monitor.is_placeable)
         monitor.subscribe(self.dispatcher.capacity_changed)
         self.dispatcher.monitor = self.report.monitor = self.monitor = monitor
+        self.sizer.attach_remote(EngineTokenizer(session, self._tokenize_candidates))
         await monitor.start()
+        if self.book is not None:
+            self.profiler = Profiler(
+                self.registry,
+                self.clients,
+                model=self.config.model,
+                changed=self.dispatcher.capacity_changed,
+            )
+            await self.profiler.start(PROFILE_WAIT_S)
 
     async def _on_cleanup(self, app: web.Application) -> None:
+        if self.profiler is not None:
+            await self.profiler.close()
         if self.monitor is not None:
             await self.monitor.close()
         if self._session is not None:
             await self._session.close()
         await self.pool.close()
+
+    def _tokenize_candidates(self) -> list[TokenizeCandidate]:
+        """Engines that may count a prompt: healthy ones (placeability aside); the
+        tokenizer itself skips dialects without a tokenize endpoint."""
+        return [
+            TokenizeCandidate(entry.name, entry.config.url.rstrip("/"), entry.config.dialect)
+            for entry in self.registry.entries.values()
+            if entry.health is not None and entry.health.healthy
+        ]
+
+
+def _profiled(entry: EngineEntry) -> bool:
+    return entry.model is not None and entry.model.profiled

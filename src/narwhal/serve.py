@@ -122,11 +122,6 @@ async def serve_forever(config: Config) -> None:
         len(config.engines),
         ", ".join(f"{e.name} ({e.role}, {e.dialect}) {e.url}" for e in config.engines) or "none",
     )
-    if config.admission.mode == "predictive":
-        log.warning(
-            "admission.mode predictive: the TTFT projection is not built yet; requests are "
-            "admitted under the retention, queue and phase limits only (as mode open)"
-        )
     print(f"narwhal listening on http://{config.serving.host}:{port}", flush=True)
 
     stop = asyncio.Event()

@@ -280,7 +280,8 @@ async def test_operations_endpoints(router: NarwhalProcess) -> None:
     ):
         assert name in values
     assert 'narwhal_rejected_total{reason="retention"}' in values
-    assert 'narwhal_refused_total{reason="ttft_budget"}' in values
+    assert 'narwhal_refused_total{reason="projected"}' in values
+    assert 'narwhal_refused_total{reason="prompt"}' in values
     for outcome in get_args(Outcome):
         assert f'narwhal_outcomes_total{{outcome="{outcome}"}}' in values
 

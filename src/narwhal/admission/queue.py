@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 from narwhal.scheduler.placement import PlacementRequest
 
 if TYPE_CHECKING:
+    from narwhal.protocol.tracker import OutputTracker
     from narwhal.scheduler.scheduler import Plan
 
 DEFAULT_PRIORITY = 0
@@ -51,6 +52,11 @@ class Ticket:
     retrying: bool = False  # admitted already: a full queue does not turn it away
     prefill_released: bool = False  # a P/D pair's prefill engine is done with it
     placed_at: float = 0.0  # when the current plan was made (monotonic seconds)
+    # Predictive admission: the TTFT projected when the request was checked (seconds
+    # from `checked_at`), compared with what it turns into at its first token.
+    projected_ttft: float | None = None
+    checked_at: float = 0.0
+    output: OutputTracker | None = None  # the current attempt's output, as it arrives
 
 
 class AdmissionQueue:

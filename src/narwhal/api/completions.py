@@ -65,13 +65,14 @@ class CompletionFront:
             reason = self._state.unavailable_reason()
             if reason is not None:
                 raise RouterUnavailable(f"This router is not serving requests ({reason}).")
-            prompt_tokens = (await self._sizer.size(parsed, len(raw))).tokens
+            size = await self._sizer.size(parsed, len(raw))
             context = RequestContext(
                 request_id=request_id,
                 arrived=arrived,
                 deadline=deadline,
-                prompt_tokens=prompt_tokens,
+                prompt_tokens=size.tokens,
                 authorization=http.headers.get("Authorization"),
+                prompt_size=size,
             )
             sized = True
             served = await self._service.serve(parsed, context)

@@ -12,6 +12,7 @@ from typing import Any
 from narwhal.fleet.monitor import FleetMonitor
 from narwhal.protocol.dialects import token_accounting
 from narwhal.scheduler.placement import PlacementRequest
+from narwhal.scheduler.predictive import decoding_on
 from narwhal.scheduler.registry import EngineEntry, EngineRegistry
 from narwhal.scheduler.scheduler import Scheduler
 
@@ -42,13 +43,61 @@ class EngineReport:
             "state": registry.state(entry),
             "eligible": registry.eligible(entry),
             "token_accounting": token_accounting(engine.dialect),
-            "profile": None,
+            "profile": _profile(entry, now),
+            "profiling": _profiling(entry, now),
             "scores": {
                 "cost": self._scheduler.scorer.cost(entry, _REFERENCE, engine.role),
                 "prefilling": load.prefilling,
                 "decoding": load.decoding,
                 "decode_bound": load.decode_bound,
                 "prefill_tokens": load.prefill_tokens,
+                **_model_scores(entry, now),
             },
             "monitoring": self.monitor.report(engine.name, now) if self.monitor else None,
         }
+
+
+def _profile(entry: EngineEntry, now: float) -> dict[str, Any] | None:
+    model = entry.model
+    if model is None or model.profile is None:
+        return None
+    return {**model.profile.view(now), "learned": model.view(now)}
+
+
+def _profiling(entry: EngineEntry, now: float) -> dict[str, Any] | None:
+    model = entry.model
+    if model is None:
+        return None  # admission open: nothing is profiled
+    state = model.profiling
+    return {
+        "state": state.state,
+        "reason": state.reason,
+        "attempts": state.attempts,
+        "reprofiles": state.reprofiles,
+        "last_reprofile_age_s": _age(state.last_reprofile_at, now),
+        "reprofile_wanted": state.reprofile_wanted,
+    }
+
+
+def _model_scores(entry: EngineEntry, now: float) -> dict[str, Any]:
+    """What the predictive models say of the engine now (nothing in open mode)."""
+    model = entry.model
+    if model is None:
+        return {}
+    decoding = decoding_on(entry)
+    return {
+        "backlog_s": model.backlog(now),
+        "tpot_predicted_s": model.tpot(decoding + 1.0, now),
+        "tpot_observed_s": model.tpot_observed,
+        "drift": {
+            "prefill": model.prefill_drift.score,
+            "tpot": model.tpot_drift.score,
+            "score": model.drift,
+            "penalty": model.penalty,
+            "drifted": model.drifted,
+        },
+    }
+
+
+def _age(at: float | None, now: float) -> float | None:
+    return None if at is None else round(max(0.0, now - at), 3)

@@ -34,6 +34,7 @@ class PlacementRequest:
     prompt_tokens: int
     max_tokens: int | None  # the client's output cap, when it set one
     predicted_output: float  # output tokens expected (learned), within the cap
+    ttft_due: float | None = None  # monotonic time the first token is due (predictive)
 
     @classmethod
     def sized(

@@ -2,8 +2,9 @@
 
 Each engine has one `EngineEntry`, the one place its state is read from: its
 configuration, the work Narwhal has placed there (`load`, written only by admission),
-and the fleet monitor's live health and last good metrics scrape (written only by the
-monitor).
+the fleet monitor's live health and last good metrics scrape (written only by the
+monitor), and its performance model (written only by what learns: the model book's
+listener and the profiler).
 
 Placement eligibility (an engine may take a new request of a phase) is: placeable by
 the fleet monitor (healthy, metrics fresh, serving the model), ready by any other gate
@@ -25,6 +26,7 @@ from narwhal.scheduler.placement import EngineLoad, Phase
 if TYPE_CHECKING:
     from narwhal.fleet.scrape import EngineScrape
     from narwhal.fleet.state import EngineHealth
+    from narwhal.models.engine import EngineModel
 
 
 @dataclass(slots=True, eq=False)
@@ -32,6 +34,7 @@ class EngineEntry:
     config: EngineConfig
     load: EngineLoad = field(default_factory=EngineLoad)
     health: EngineHealth | None = None  # the fleet monitor's live state; read, never written
+    model: EngineModel | None = None  # performance model (predictive admission), the book's
     drained: bool = False
 
     @property

@@ -64,6 +64,11 @@ class WorkloadSizer:
         self._calibration = calibration if calibration is not None else EstimateCalibration()
         self.sizes: collections.Counter[Source] = collections.Counter()
 
+    def attach_remote(self, remote: EngineTokenizer) -> None:
+        """The engine tokenizer, once its session exists (the router's start-up)."""
+        if self._use_engine:
+            self._remote = remote
+
     async def size(self, request: CompletionRequest, body_bytes: int) -> PromptSize:
         size = await self._size(request, body_bytes)
         self.sizes[size.source] += 1

@@ -1,0 +1,142 @@
+"""The predictive check (sans-IO): can this request's first token arrive within the budget?
+
+It runs once per request, after the retention limit and before the admission queue, and
+looks at every placement-eligible path: a `both` engine, or (when the fleet has
+eligible prefill and decode engines, as the scheduler would place it) the best prefill
+engine with the best decode engine. For each it projects (`scheduler.predictive`)
+
+    TTFT = wait in Narwhal's queue + prefill backlog on the engine + this prompt's prefill
+           (+ KV transfer and the decode engine's first step, for a P/D pair)
+
+and compares the projection, as projections have been turning out (`ModelBook.upper`:
+the 99th-percentile ratio of measured to projected), with what is left of the budget:
+
+1. If even the fastest path's prefill of the prompt alone, with nothing ahead, does not
+   fit `admission.ttft_target_s` → 429 `prompt_exceeds_ttft_budget` (shorten the prompt
+   or raise the target), counted `refused{reason="prompt"}`. Nothing reaches an engine.
+2. Else if the best projection does not fit what is left of the budget → 429
+   `ttft_budget_exceeded` with `Retry-After` = the overrun in whole seconds, rounded
+   half up, at least 1; counted `refused{reason="projected"}`.
+3. Else the request is admitted; the projection is kept on its ticket, to be compared at
+   its first token with what it turned into. An admitted request is never refused
+   later: retries and queue waits are bounded by its deadlines (504), not by this check.
+
+The queue wait is the work of the requests queued ahead, shared over the paths: each
+queued request counted at the mean prefill the paths' models give this prompt.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from narwhal.errors import PromptExceedsTtftBudget, TtftBudgetExceeded
+from narwhal.models.book import ModelBook
+from narwhal.scheduler.placement import PlacementRequest
+from narwhal.scheduler.predictive import prefill_part
+from narwhal.scheduler.registry import EngineEntry, EngineRegistry
+
+
+@dataclass(frozen=True, slots=True)
+class Projection:
+    raw: float  # seconds from the check to the first token, as the models say
+    solo: float  # the fastest path's prefill of the prompt alone
+    expected: float  # raw, corrected by how projections have turned out (median)
+    upper: float  # raw, as it turns out 99 times in 100 (as seen so far)
+
+
+class PredictiveCheck:
+    def __init__(
+        self,
+        registry: EngineRegistry,
+        book: ModelBook,
+        *,
+        ttft_budget_s: float,
+        refused: Callable[[str], None] | None = None,
+    ) -> None:
+        self._registry = registry
+        self._book = book
+        self.budget = ttft_budget_s
+        self._refused = refused
+
+    def project(self, request: PlacementRequest, now: float, queued: int) -> Projection | None:
+        """The best projection over the eligible paths; None when there is none."""
+        registry = self._registry
+        prefills = registry.candidates("prefill")
+        decodes = registry.candidates("decode")
+        if prefills and decodes:
+            first = _best(prefills, request.prompt_tokens, now)
+            # The decode half adds its KV transfer and first step; the fastest one counts.
+            step = min(
+                (e.model.first_step(request.prompt_tokens) for e in decodes if e.model),
+                default=math.inf,
+            )
+            if first is None or math.isinf(step):
+                return None
+            raw, solo, mean = first[0] + step, first[1] + step, first[2]
+            paths = len(prefills)
+        else:
+            both = _best(registry.candidates("both"), request.prompt_tokens, now)
+            if both is None:
+                return None
+            raw, solo, mean = both
+            paths = len(registry.candidates("both"))
+        if queued:
+            raw += queued * mean / paths
+        book = self._book
+        return Projection(raw, solo, book.expected(raw), book.upper(raw))
+
+    def check(
+        self, request: PlacementRequest, *, arrived: float, now: float, queued: int
+    ) -> Projection | None:
+        """Admit (the projection, or None when no path is modelled: placement will say
+        503) or raise the 429 the projection calls for."""
+        projection = self.project(request, now, queued)
+        if projection is None:
+            return None
+        book = self._book
+        if book.upper(projection.solo) > self.budget:
+            self._count("prompt")
+            raise PromptExceedsTtftBudget(
+                f"The prompt alone ({request.prompt_tokens} tokens) would take longer than "
+                f"the TTFT budget of {self.budget:g} s on every engine; shorten the prompt "
+                "or raise admission.ttft_target_s.",
+                param="messages" if request.route == "chat" else "prompt",
+            )
+        left = self.budget - (now - arrived)
+        overrun = projection.upper - left
+        if overrun > 0:
+            self._count("projected")
+            retry_after = max(1, math.floor(overrun + 0.5))
+            raise TtftBudgetExceeded(
+                f"The first token is projected at {projection.upper:.2f} s, over the TTFT "
+                f"budget of {self.budget:g} s by {overrun:.2f} s; retry in {retry_after} s.",
+                retry_after=retry_after,
+            )
+        return projection
+
+    def _count(self, reason: str) -> None:
+        if self._refused is not None:
+            self._refused(reason)
+
+
+def _best(
+    entries: list[EngineEntry], prompt_tokens: int, now: float
+) -> tuple[float, float, float] | None:
+    """(best projected prefill part, fastest prefill alone, mean prefill alone)."""
+    best = solo = math.inf
+    total = 0.0
+    count = 0
+    for entry in entries:
+        model = entry.model
+        if model is None:
+            continue
+        best = min(best, prefill_part(entry, model, prompt_tokens, now))
+        alone = model.service(prompt_tokens, 0.0)
+        solo = min(solo, alone)
+        total += alone
+        count += 1
+    if not count:
+        return None
+    return best, solo, total / count

@@ -1,0 +1,84 @@
+"""Learning from placements: admission's transitions, told to the engines' models.
+
+`PlacementLearning` is the `PlacementListener` of predictive admission. Every transition
+admission makes on a ticket arrives here once, with its time, and becomes what the
+models learn from:
+
+    placed            the first engine's prefill lane gets the prompt (its estimate)
+    prefill_answered  a P/D prefill engine finished: its measured service time
+    first_token       a `both` engine's prefill finished, or a P/D decode engine's first
+                      step after the KV transfer; and the request's TTFT projection meets
+                      what it turned into (the book's calibration)
+    released          decode done or given up: TPOT at the decode batch it ran in, and
+                      (for a complete output) its validated length; an unfinished
+                      prefill leaves its lane
+
+Sans-IO like the controller that calls it.
+"""
+
+from __future__ import annotations
+
+from narwhal.admission.queue import Ticket
+from narwhal.models.book import ModelBook
+from narwhal.scheduler.predictive import decoding_on
+from narwhal.scheduler.scheduler import Plan
+
+
+class PlacementLearning:
+    def __init__(self, book: ModelBook) -> None:
+        self.book = book
+        self._answered: dict[Ticket, float] = {}  # P/D: when the prefill engine answered
+        self._decode_batch: dict[Ticket, float] = {}  # the decode batch at the first token
+
+    def placed(self, ticket: Ticket, plan: Plan, now: float) -> None:
+        first = plan.first
+        if first.model is not None:
+            first.model.prefill_placed(
+                ticket, ticket.request.prompt_tokens, decoding_on(first), now
+            )
+
+    def prefill_answered(self, ticket: Ticket, plan: Plan, now: float) -> None:
+        first = plan.first
+        if first.model is not None:
+            first.model.prefill_finished(ticket, now)
+        self._answered[ticket] = now
+
+    def first_token(self, ticket: Ticket, plan: Plan, now: float) -> None:
+        decode = plan.decode
+        model = decode.model
+        if model is not None:
+            if plan.prefill is None:
+                model.prefill_finished(ticket, now)
+            else:
+                answered = self._answered.pop(ticket, None)
+                if answered is not None:
+                    model.observe_first_step(ticket.request.prompt_tokens, now - answered)
+        projected = ticket.projected_ttft
+        if projected is not None:
+            ticket.projected_ttft = None  # one measurement per request, retries included
+            self.book.ttft_measured(projected, now - ticket.checked_at)
+        self._decode_batch[ticket] = decoding_on(decode)
+
+    def released(self, ticket: Ticket, plan: Plan, now: float, *, decoded: bool) -> None:
+        self._answered.pop(ticket, None)
+        batch = self._decode_batch.pop(ticket, None)
+        if not decoded:
+            first = plan.first
+            if first.model is not None:
+                first.model.prefill_dropped(ticket)
+            return
+        output = ticket.output
+        decode = plan.decode
+        if output is None:
+            return
+        model = decode.model
+        tpot = output.time_per_output_token()
+        if model is not None and tpot is not None:
+            # The batch it decoded in: the mean of the batch at its start and at its end.
+            at_end = decoding_on(decode)
+            model.observe_tpot(tpot, at_end if batch is None else (batch + at_end) / 2, now)
+        if output.finished:
+            tokens, source = output.output_tokens()
+            if source != "events":  # counted from IDs or the engine's usage: exact
+                request = ticket.request
+                self.book.lengths.observe(request.route, request.prompt_tokens, tokens)

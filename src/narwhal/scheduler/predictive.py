@@ -1,0 +1,90 @@
+"""Projections from the engines' models, and the scorer that places by them (sans-IO).
+
+For one request on one placement, in seconds from now:
+
+    prefill part  = the engine's prefill backlog + this prompt's prefill there
+    decode part   = (P/D) the decode engine's KV transfer and first step
+    TTFT          = prefill part + decode part
+    decode work   = expected output tokens x the decode engine's TPOT with one more
+
+`ProjectingScorer` is placement's cost in predictive mode: TTFT plus the decode work,
+so an engine that would stream slowly is chosen only when it makes up for it in first
+token; an engine whose TTFT would not fit the request's budget costs far more than any
+that would; a drifting engine's cost is scaled up by its drift penalty, and one whose
+TPOT would exceed `admission.tpot_target_s` by the square of its overrun.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Final
+
+from narwhal.models.book import ModelBook
+from narwhal.models.engine import EngineModel
+from narwhal.scheduler.placement import Phase, PlacementRequest
+from narwhal.scheduler.registry import EngineEntry
+
+_INFEASIBLE: Final = 1e3  # added to the cost of a placement that would miss the budget
+_UNMODELLED: Final = 1e9
+
+
+def decoding_on(entry: EngineEntry) -> float:
+    """Sequences decoding on the engine: Narwhal's own, and any more its metrics show
+    running (another router's work) beyond what Narwhal has there."""
+    load = entry.load
+    decoding = float(load.decoding)
+    scrape = entry.scrape
+    if scrape is not None and scrape.running is not None:
+        extra = scrape.running - (load.prefilling + load.decoding)
+        if extra > 0:
+            decoding += extra
+    return decoding
+
+
+def prefill_part(entry: EngineEntry, model: EngineModel, prompt_tokens: int, now: float) -> float:
+    return model.backlog(now) + model.service(prompt_tokens, decoding_on(entry))
+
+
+def decode_work(
+    entry: EngineEntry, model: EngineModel, request: PlacementRequest, now: float
+) -> float:
+    return request.predicted_output * model.tpot(decoding_on(entry) + 1.0, now)
+
+
+class ProjectingScorer:
+    def __init__(
+        self,
+        book: ModelBook,
+        *,
+        tpot_target_s: float | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._book = book
+        self._tpot_target = tpot_target_s
+        self._clock = clock
+
+    def cost(self, entry: EngineEntry, request: PlacementRequest, phase: Phase) -> float:
+        model = entry.model
+        if model is None:
+            return _UNMODELLED
+        now = self._clock()
+        cost = 0.0
+        if phase != "decode":
+            ttft = prefill_part(entry, model, request.prompt_tokens, now)
+            cost += ttft
+            due = request.ttft_due
+            if due is not None and self._book.upper(ttft) > due - now:
+                cost += _INFEASIBLE
+        if phase != "prefill":
+            if phase == "decode":
+                cost += model.first_step(request.prompt_tokens)
+            cost += decode_work(entry, model, request, now) * self._tpot_penalty(entry, model, now)
+        return cost * model.penalty
+
+    def _tpot_penalty(self, entry: EngineEntry, model: EngineModel, now: float) -> float:
+        target = self._tpot_target
+        if target is None:
+            return 1.0
+        over = model.tpot(decoding_on(entry) + 1.0, now) / target
+        return over * over if over > 1.0 else 1.0

@@ -1,0 +1,128 @@
+"""The predictive check, sans-IO: the two 429 rows with their codes, envelopes,
+Retry-After rounding and counters, and the projection it admits with."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+
+from narwhal.admission.predictive import PredictiveCheck
+from narwhal.config import EngineConfig
+from narwhal.errors import PromptExceedsTtftBudget, TtftBudgetExceeded
+from narwhal.models.book import INITIAL_MARGIN, ModelBook
+from narwhal.models.profile import ProbeSample, fit_profile
+from narwhal.scheduler.placement import PlacementRequest
+from narwhal.scheduler.registry import EngineRegistry
+
+# Every engine: 10 ms + 50 ms per 1,000 prompt tokens, alone.
+A, B = 0.010, 0.050
+
+
+def fleet(*roles: str, budget: float = 1.0) -> tuple[PredictiveCheck, EngineRegistry, Counter[str]]:
+    engines = [
+        EngineConfig(name=f"e{i}", url=f"http://127.0.0.1/{i}", role=role)  # type: ignore[arg-type]
+        for i, role in enumerate(roles)
+    ]
+    registry = EngineRegistry(engines)
+    book = ModelBook(registry.entries, ttft_budget_s=budget)
+    probes = [ProbeSample(p, A + B * p / 1000, 0.006, 16) for p in (64, 512, 2048)]
+    for name, entry in registry.entries.items():
+        entry.model = book.model(name)
+        entry.model.install(fit_profile(probes, source="token_ids", wall=0, now=0))
+    refused: Counter[str] = Counter()
+    check = PredictiveCheck(
+        registry, book, ttft_budget_s=budget, refused=lambda reason: refused.update([reason])
+    )
+    return check, registry, refused
+
+
+def request(prompt_tokens: int) -> PlacementRequest:
+    return PlacementRequest.sized("chat", prompt_tokens)
+
+
+def backlog(registry: EngineRegistry, name: str, seconds: float) -> None:
+    model = registry.entries[name].model
+    assert model is not None
+    model.lane.add(object(), seconds, 0.0)
+
+
+def test_a_prompt_that_fits_an_idle_fleet_is_admitted_with_its_projection() -> None:
+    check, _, refused = fleet("both", "both")
+    projection = check.check(request(1000), arrived=0.0, now=0.0, queued=0)
+    assert projection is not None
+    assert projection.raw == pytest.approx(A + B)
+    assert projection.upper == pytest.approx((A + B) * INITIAL_MARGIN)
+    assert not refused
+
+
+def test_prompt_alone_over_the_budget_is_429_prompt_exceeds_ttft_budget() -> None:
+    check, _, refused = fleet("both", budget=1.0)
+    # 16,000 tokens: 0.81 s alone, 1.01 s as projections turn out (x1.25): over 1 s.
+    with pytest.raises(PromptExceedsTtftBudget) as info:
+        check.check(request(16_000), arrived=0.0, now=0.0, queued=0)
+    error = info.value
+    assert error.status == 429 and error.code == "prompt_exceeds_ttft_budget"
+    envelope = error.envelope()["error"]
+    assert envelope["type"] == "invalid_request_error" and envelope["param"] == "messages"
+    assert "shorten the prompt" in envelope["message"]
+    assert "ttft_target_s" in envelope["message"]
+    assert error.retry_after is None  # waiting would not help
+    assert refused == {"prompt": 1}
+
+
+@pytest.mark.parametrize(
+    ("overrun", "retry_after"), [(0.2, 1), (0.49, 1), (1.2, 1), (2.4, 2), (2.6, 3), (3.5, 4)]
+)
+def test_projection_over_the_budget_is_429_with_the_rounded_overrun(
+    overrun: float, retry_after: int
+) -> None:
+    check, registry, refused = fleet("both", "both", budget=1.0)
+    raw = A + B  # the prompt's own prefill
+    # Backlog on both engines such that upper = (backlog + raw) x margin = budget + overrun.
+    ahead = (1.0 + overrun) / INITIAL_MARGIN - raw
+    backlog(registry, "e0", ahead)
+    backlog(registry, "e1", ahead + 5.0)
+    with pytest.raises(TtftBudgetExceeded) as info:
+        check.check(request(1000), arrived=0.0, now=0.0, queued=0)
+    error = info.value
+    assert error.status == 429 and error.code == "ttft_budget_exceeded"
+    assert error.envelope()["error"]["type"] == "rate_limit_error"
+    assert error.retry_after == retry_after
+    assert error.headers() == {"Retry-After": str(retry_after)}
+    assert refused == {"projected": 1}
+
+
+def test_time_already_spent_counts_against_the_budget() -> None:
+    check, registry, _ = fleet("both", budget=1.0)
+    backlog(registry, "e0", 0.5)  # upper = (0.5 + 0.06) x 1.25 = 0.7
+    assert check.check(request(1000), arrived=-0.25, now=0.0, queued=0) is not None
+    with pytest.raises(TtftBudgetExceeded):  # sizing took 0.35 s: 0.65 s are left
+        check.check(request(1000), arrived=-0.35, now=0.0, queued=0)
+
+
+def test_the_least_loaded_engine_decides_and_the_queue_adds_its_wait() -> None:
+    check, registry, _ = fleet("both", "both", budget=10.0)
+    backlog(registry, "e0", 2.0)
+    projection = check.check(request(1000), arrived=0.0, now=0.0, queued=0)
+    assert projection is not None and projection.raw == pytest.approx(A + B)  # e1 is idle
+    queued = check.check(request(1000), arrived=0.0, now=0.0, queued=4)
+    assert queued is not None
+    # four queued requests of this size, shared by two engines
+    assert queued.raw == pytest.approx((A + B) + 4 * (A + B) / 2)
+
+
+def test_a_disaggregated_pair_adds_the_decode_engines_first_step() -> None:
+    check, registry, _ = fleet("prefill", "decode", budget=10.0)
+    decode = registry.entries["e1"].model
+    assert decode is not None
+    projection = check.check(request(1000), arrived=0.0, now=0.0, queued=0)
+    assert projection is not None
+    assert projection.raw == pytest.approx(A + B + decode.first_step(1000))
+
+
+def test_no_modelled_engine_means_no_projection() -> None:
+    check, registry, refused = fleet("both")
+    registry.set_ready_predicate(lambda entry: False)  # (unprofiled: not eligible)
+    assert check.check(request(10), arrived=0.0, now=0.0, queued=0) is None
+    assert not refused
