@@ -42,9 +42,12 @@ def request(prompt_tokens: int) -> PlacementRequest:
 
 
 def backlog(registry: EngineRegistry, name: str, seconds: float) -> None:
+    """Make the engine's lane project `seconds` of work ahead of any new prompt (the lane
+    itself is tested in tests/models/test_lane.py)."""
     model = registry.entries[name].model
     assert model is not None
-    model.lane.add(object(), seconds, 0.0)
+    alone = model.solo
+    model.ttft = lambda tokens, decoding, now: seconds + alone(tokens)  # type: ignore[method-assign]
 
 
 def test_a_prompt_that_fits_an_idle_fleet_is_admitted_with_its_projection() -> None:

@@ -19,33 +19,36 @@ def profiled(a: float = 0.008, b: float = 0.05, tpot: float = 0.006) -> EngineMo
     return model
 
 
-def serve_fifo(model: EngineModel, prompts: list[int], speed: float, start: float) -> float:
-    """A FIFO engine prefilling at `speed` x the profile: place all, finish in order."""
+def serve_alone(model: EngineModel, prompts: list[int], speed: float, start: float) -> float:
+    """An engine prefilling at `speed` x the profile, one prompt at a time."""
     now = start
     for i, p in enumerate(prompts):
-        model.prefill_placed(i, p, 0.0, start)
-    for i, p in enumerate(prompts):
+        model.prefill_placed(i, p, 0.0, now)
         now += speed * (0.008 + 0.05 * p / 1000)
         model.prefill_finished(i, now)
+        now += 0.5
     return now
 
 
-def test_projects_the_backlog_of_placed_work() -> None:
+def test_projects_the_steps_of_placed_work() -> None:
     model = profiled()
+    costs = model.step_costs(0.0)
+    assert costs.per_token == pytest.approx(50e-6) and costs.base == pytest.approx(0.006)
+    assert model.ttft(1000, 0.0, 0.0) == pytest.approx(model.solo(1000))
     for i in range(4):
-        model.prefill_placed(i, 1000, 0.0, 0.0)
-    assert model.backlog(0.0) == pytest.approx(4 * 0.058, rel=1e-6)
-    assert model.backlog(0.03) == pytest.approx(4 * 0.058 - 0.03, rel=1e-6)
-    assert model.service(1000, 0.0) + model.backlog(0.0) == pytest.approx(5 * 0.058, rel=1e-6)
+        model.prefill_placed(i, 1000, 0.0, 0.0)  # one step holds all four
+    in_step = costs.base + 4000 * costs.per_token + 4 * costs.per_prompt
+    # (plus the prompts expected to join the next step at the rate these came: ~10%)
+    assert in_step < model.backlog(0.0) < 1.15 * in_step
+    # Placed 0.03 s later, a prompt waits for that step and gets the next.
+    own = costs.base + 1000 * costs.per_token + costs.per_prompt
+    assert model.ttft(1000, 0.0, 0.03) == pytest.approx(in_step - 0.03 + own, rel=0.15)
 
 
 def test_learns_an_engine_slower_than_its_profile() -> None:
     model = profiled()
     rng = random.Random(1)
-    now = 0.0
-    for _ in range(60):
-        prompts = [rng.randint(100, 4000) for _ in range(5)]
-        now = serve_fifo(model, prompts, speed=1.5, start=now + 1.0)
+    serve_alone(model, [rng.randint(100, 4000) for _ in range(300)], speed=1.5, start=0.0)
     for p in (200, 1000, 3000):
         assert model.service(p, 0.0) == pytest.approx(1.5 * (0.008 + 0.05 * p / 1000), rel=0.1)
     assert model.prefill_drift.score == pytest.approx(math.log(1.5), abs=0.1)
@@ -83,9 +86,8 @@ def test_absurd_samples_stay_finite_and_the_model_recovers() -> None:
         model.prefill_dropped(key)
     assert math.isfinite(model.service(1000, 0.0)) and model.service(1000, 0.0) > 0
     assert math.isfinite(model.tpot(10.0, 700.0)) and model.backlog(700.0) == 0.0
-    now = 800.0
+    now = serve_alone(model, [1000] * 300, speed=1.0, start=800.0)
     for _ in range(300):
-        now = serve_fifo(model, [1000], speed=1.0, start=now + 1.0)
         model.observe_tpot(0.006, 0.0, now)
     assert model.service(1000, 0.0) == pytest.approx(0.058, rel=0.1)
     assert model.tpot(0.0, now + 100) == pytest.approx(0.006, rel=0.1)

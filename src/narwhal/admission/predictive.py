@@ -133,7 +133,7 @@ def _best(
         if model is None:
             continue
         best = min(best, prefill_part(entry, model, prompt_tokens, now))
-        alone = model.service(prompt_tokens, 0.0)
+        alone = model.solo(prompt_tokens)
         solo = min(solo, alone)
         total += alone
         count += 1

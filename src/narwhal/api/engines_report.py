@@ -86,7 +86,7 @@ def _model_scores(entry: EngineEntry, now: float) -> dict[str, Any]:
         return {}
     decoding = decoding_on(entry)
     return {
-        "backlog_s": model.backlog(now),
+        "backlog_s": model.backlog(now, decoding),
         "tpot_predicted_s": model.tpot(decoding + 1.0, now),
         "tpot_observed_s": model.tpot_observed,
         "drift": {

@@ -248,7 +248,8 @@ class Profiler:
         )
         request_id = f"narwhal-profile-{entry.name}-{next(self._sequence)}"
         now = time.monotonic()
-        backlog, decoding, rate = model.backlog(now), decoding_on(entry), model.prefill_rate(now)
+        decoding = decoding_on(entry)
+        backlog, stretch = model.backlog(now, decoding), model.stretch(decoding, now)
         async with asyncio.timeout(self._probe_timeout):
             sent = time.monotonic()
             response = await client.open_stream(
@@ -276,7 +277,7 @@ class Profiler:
             output_tokens=tokens,
             backlog_s=backlog,
             decoding=decoding,
-            prefill_rate=rate,
+            stretch=stretch,
         )
 
     def _request(self, route: Route, prompt_tokens: int, client: EngineClient) -> CompletionRequest:

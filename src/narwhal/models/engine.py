@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any, Final, Literal
 
 from narwhal.models.drift import DriftScore
-from narwhal.models.lane import PrefillLane
+from narwhal.models.lane import PrefillLane, StepCosts
 from narwhal.models.profile import (
     MIN_PREFILL_S,
     MIN_TPOT_S,
@@ -40,7 +40,7 @@ from narwhal.models.regression import AnchoredLeastSquares
 # Before any profile: an 8B-class model on one modern GPU, roughly.
 DEFAULT_PROFILE: Final = Profile(
     prefill=(0.01, 0.05, 0.0, 0.006),
-    tpot=(0.006, 0.006, 0.003),
+    tpot=(0.006, 0.006),
     first_step=(0.012, 0.005),
     measured_at=0.0,
     measured_monotonic=0.0,
@@ -50,7 +50,7 @@ DEFAULT_PROFILE: Final = Profile(
 # How many samples' weight the profile has in each fit, per coefficient. The intercepts
 # and the prompt slope are measured by the probes (firm); the load slopes are guesses.
 _PREFILL_STRENGTH: Final = (8.0, 8.0, 40.0, 2.0)
-_TPOT_STRENGTH: Final = (8.0, 2.0, 2.0)
+_TPOT_STRENGTH: Final = (8.0, 2.0)
 _FIRST_STEP_STRENGTH: Final = (4.0, 4.0)
 _HALF_LIFE: Final = 200.0  # samples
 # A measured sample more than this factor away from the model is clipped to it, so a
@@ -58,7 +58,9 @@ _HALF_LIFE: Final = 200.0  # samples
 _CLIP: Final = 10.0
 # Drift beyond this (log ratio: 0.4 is about 1.5x slower or faster) re-profiles.
 DRIFT_THRESHOLD: Final = 0.4
-_RATE_TAU_S: Final = 5.0  # the prefill-rate average's time constant
+_RATE_TAU_S: Final = 2.0
+# TPOT observed where prefill stretched decode steps more than this is not learned from.
+_MAX_LEARNED_STRETCH: Final = 2.0  # the prefill-rate average's time constant
 
 ProfileState = Literal["unprofiled", "profiling", "profiled", "failed"]
 
@@ -103,9 +105,13 @@ class _Pending:
     solo: bool  # nothing ahead of it when placed: its service time is its own
 
 
+DEFAULT_STEP_BUDGET: Final = 8192  # vLLM's max_num_batched_tokens on large GPUs
+
+
 class EngineModel:
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, *, step_budget: int = DEFAULT_STEP_BUDGET) -> None:
         self.name = name
+        self.step_budget = step_budget
         self.profile: Profile | None = None
         self.profiling = Profiling()
         self._baseline = DEFAULT_PROFILE  # what drift is measured against
@@ -122,6 +128,8 @@ class EngineModel:
         self.tpot_drift = DriftScore()
         self.lane = PrefillLane()
         self._rate = _Rate()  # prompt tokens per second placed here for prefill
+        self._starts = _Rate()  # prompts per second placed here for prefill
+        self._stretched_at = -math.inf  # when prefill last stretched decode steps a lot
         self._pending: dict[object, _Pending] = {}
         self.tpot_observed: float | None = None  # an average of what requests saw
 
@@ -168,7 +176,7 @@ class EngineModel:
     # --- predictions ----------------------------------------------------------------------
 
     def service(self, prompt_tokens: float, decoding: float) -> float:
-        """Seconds of prefill for this prompt with nothing ahead of it."""
+        """Seconds of prefill for this prompt alone (the regression on solo prefills)."""
         x = prefill_features(prompt_tokens, decoding)
         predicted = self.prefill_fit.predict(x)
         # The fit may not wander below a fraction of its baseline (a prompt longer than
@@ -176,16 +184,61 @@ class EngineModel:
         floor = 0.3 * dot(self._baseline.prefill, x)
         return max(MIN_PREFILL_S, floor, predicted)
 
-    def backlog(self, now: float) -> float:
-        return self.lane.remaining(now)
+    def step_costs(self, decoding: float) -> StepCosts:
+        """One engine step's costs, from the fits: the decode step (TPOT without prefill)
+        is its base; the prefill slope its cost per token; what a prefill alone costs
+        beyond both, its cost per prompt."""
+        t, u, *_ = self.tpot_fit.theta
+        base = max(MIN_TPOT_S, t + u * decoding / 100.0)
+        a, b, *_ = self.prefill_fit.theta
+        per_token = max(b, 0.3 * self._baseline.prefill[1], 0.0) / 1000.0
+        per_prompt = max(0.0, a - max(MIN_TPOT_S, t))
+        budget = max(256, self.step_budget - int(decoding))
+        return StepCosts(budget, base, per_token, per_prompt)
 
-    def prefill_rate(self, now: float) -> float:
-        return self._rate.value(now)
+    def ttft(self, prompt_tokens: int, decoding: float, now: float) -> float:
+        """Seconds until a prompt placed now would have its first token here."""
+        costs = self.step_costs(decoding)
+        projected, _ = self.lane.project(prompt_tokens, now, costs, self._rate.value(now))
+        # Never less than the prompt's own prefill alone.
+        return max(projected, self.service(prompt_tokens, decoding))
 
-    def tpot(self, decoding: float, now: float) -> float:
-        x = tpot_features(decoding, self._rate.value(now))
+    def solo(self, prompt_tokens: int) -> float:
+        """The prompt's prefill with nothing ahead and nothing decoding."""
+        return self.service(prompt_tokens, 0.0)
+
+    def backlog(self, now: float, decoding: float = 0.0) -> float:
+        """Seconds of prefill work ahead of a request placed now."""
+        if not len(self.lane):
+            return 0.0
+        _, ahead = self.lane.project(0, now, self.step_costs(decoding), self._rate.value(now))
+        return ahead
+
+    def utilisation(self, now: float) -> float:
+        """The share of the engine's time the prefill placed there takes (rho)."""
+        costs = self.step_costs(0.0)
+        return self._rate.value(now) * costs.per_token + self._starts.value(now) * costs.per_prompt
+
+    def stretch(self, decoding: float, now: float) -> float:
+        """How much the prefill placed on the engine lengthens its decode steps: by
+        1 / (1 - rho), but never past a step that is all prefill (its whole budget)."""
+        costs = self.step_costs(decoding)
+        rho = min(0.99, self.utilisation(now))
+        full = 1.0 + (costs.budget * costs.per_token + costs.per_prompt) / costs.base
+        stretch = min(1.0 / (1.0 - rho), full)
+        if stretch > _MAX_LEARNED_STRETCH:
+            self._stretched_at = now
+        return stretch
+
+    def decode_step(self, decoding: float) -> float:
+        """Seconds per decode step with nothing but decoding on the engine."""
+        x = tpot_features(decoding)
         floor = 0.3 * dot(self._baseline.tpot, x)
         return max(MIN_TPOT_S, floor, self.tpot_fit.predict(x))
+
+    def tpot(self, decoding: float, now: float) -> float:
+        """Seconds per output token for a request decoding here now."""
+        return self.decode_step(decoding) * self.stretch(decoding, now)
 
     def first_step(self, prompt_tokens: float) -> float:
         x = first_step_features(prompt_tokens)
@@ -197,21 +250,23 @@ class EngineModel:
         features = prefill_features(prompt_tokens, decoding)
         estimate = self.service(prompt_tokens, decoding)
         solo = len(self.lane) == 0
-        self.lane.add(key, estimate, now)
+        self.lane.add(key, prompt_tokens, now)
         self._pending[key] = _Pending(features, estimate, solo)
         self._rate.add(prompt_tokens, now)
+        self._starts.add(1.0, now)
 
-    def prefill_finished(self, key: object, now: float) -> float | None:
-        """The prefill of `key` finished at `now`: learn from it; its service time."""
+    def prefill_finished(self, key: object, now: float, decoding: float = 0.0) -> float | None:
+        """The prefill of `key` finished at `now`: a step ended; learn from it."""
         pending = self._pending.pop(key, None)
-        measured = self.lane.finish(key, now)
+        measured = self.lane.finish(key, now, self.step_costs(decoding).budget)
         if pending is None or measured is None:
             return None
-        target = _clipped(measured, pending.estimate)
-        self.prefill_fit.update(pending.features, target)
         if pending.solo:
-            # Alone on the engine, the measurement is this prompt's own prefill: the one
-            # that says whether the engine still matches its profile.
+            # Alone on the engine, the measurement is this prompt's own prefill: what the
+            # fit learns from (under load, a service time by the departure rule is a
+            # share of a step, not a function of the prompt), and what says whether the
+            # engine still matches its profile.
+            self.prefill_fit.update(pending.features, _clipped(measured, pending.estimate))
             self.prefill_drift.add(measured, dot(self._baseline.prefill, pending.features))
         return measured
 
@@ -220,15 +275,32 @@ class EngineModel:
         self._pending.pop(key, None)
         self.lane.remove(key)
 
-    def observe_tpot(self, tpot: float, decoding: float, now: float) -> None:
+    def observe_tpot(
+        self,
+        tpot: float,
+        decoding: float,
+        now: float,
+        *,
+        stretch_before: float = 1.0,
+        since: float | None = None,
+    ) -> None:
+        """A request's TPOT; `decoding` the batch it decoded in, `stretch_before` the
+        engine's `stretch` when it started decoding at `since` (now is its end)."""
         if not (math.isfinite(tpot) and tpot > 0):
             return
-        x = tpot_features(decoding, self._rate.value(now))
-        target = _clipped(tpot, self.tpot_fit.predict(x))
-        self.tpot_fit.update(x, target)
-        self.tpot_drift.add(tpot, max(MIN_TPOT_S, dot(self._baseline.tpot, x)))
         observed = self.tpot_observed
         self.tpot_observed = tpot if observed is None else observed + 0.1 * (tpot - observed)
+        at_end = self.stretch(decoding, now)
+        stretch = (stretch_before + at_end) / 2
+        stretched = since is not None and self._stretched_at >= since
+        if stretched or max(stretch_before, at_end) > _MAX_LEARNED_STRETCH:
+            # Mostly prefill around it: its TPOT says more about that prefill than about
+            # the engine's decode step, which is what the fit and the drift score are of.
+            return
+        x = tpot_features(decoding)
+        step = tpot / stretch  # the observation without the stretch
+        self.tpot_fit.update(x, _clipped(step, self.decode_step(decoding)))
+        self.tpot_drift.add(tpot, stretch * max(MIN_TPOT_S, dot(self._baseline.tpot, x)))
 
     def observe_first_step(self, prompt_tokens: int, seconds: float) -> None:
         if not (math.isfinite(seconds) and seconds > 0):
@@ -240,7 +312,7 @@ class EngineModel:
 
     def view(self, now: float) -> dict[str, Any]:
         a, b, c, e = self.prefill_fit.theta
-        t, u, v = self.tpot_fit.theta
+        t, u = self.tpot_fit.theta
         return {
             "prefill_s": {
                 "base": a,
@@ -249,10 +321,9 @@ class EngineModel:
                 "per_100_decoding": e,
                 "samples": self.prefill_fit.samples,
             },
-            "tpot_s": {
+            "decode_step_s": {
                 "base": t,
                 "per_100_decoding": u,
-                "per_10k_prefill_tokens_per_s": v,
                 "samples": self.tpot_fit.samples,
             },
         }

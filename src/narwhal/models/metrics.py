@@ -70,8 +70,9 @@ class ModelCollector(Collector):
         )
         for name, model in engines.items():
             profiled.add_metric([name], 1.0 if model.profiled else 0.0)
-            backlog.add_metric([name], model.backlog(now))
-            predicted.add_metric([name], model.tpot(self._decoding(name) + 1.0, now))
+            decoding = self._decoding(name)
+            backlog.add_metric([name], model.backlog(now, decoding))
+            predicted.add_metric([name], model.tpot(decoding + 1.0, now))
             observed.add_metric([name], model.tpot_observed or 0.0)
             drift.add_metric([name, "prefill"], model.prefill_drift.score)
             drift.add_metric([name, "tpot"], model.tpot_drift.score)

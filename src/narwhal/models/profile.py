@@ -3,8 +3,13 @@
 A profile is the baseline of an engine's performance models: coefficients of
 
     prefill seconds  = a + b·p + c·p² + e·d     p = prompt tokens / 1000, d = decoding / 100
-    TPOT seconds     = t + u·d + v·w            w = prompt tokens/s placed there / 10,000
+    decode step      = t + u·d                  (TPOT with no prefill beside it)
     first decode step after a KV transfer (decode engines) = f + g·p
+
+TPOT is the decode step stretched by the prefill the engine does meanwhile (the engine
+model's `stretch`): with chunked prefill, decode steps share the engine with prefill
+chunks, so they lengthen by 1 / (1 - rho), rho the share of the engine's time its
+prefill takes, up to a step full of prefill. A pure decode engine has rho = 0.
 
 Probes measure what one engine does alone: a few requests of `PROBE_PROMPTS` tokens and
 `PROBE_OUTPUT` tokens each, one after another, timed from validated token IDs (the first
@@ -46,13 +51,13 @@ class ProbeSample:
     # What the engine held when the probe ran (re-profiling happens under load).
     backlog_s: float = 0.0
     decoding: float = 0.0
-    prefill_rate: float = 0.0
+    stretch: float = 1.0  # how much prefill beside it stretched the engine's decode steps
 
 
 @dataclass(frozen=True, slots=True)
 class Profile:
     prefill: tuple[float, float, float, float]  # a, b, c, e
-    tpot: tuple[float, float, float]  # t, u, v
+    tpot: tuple[float, float]  # t, u: the decode step
     first_step: tuple[float, float]  # f, g
     measured_at: float  # wall clock (time.time())
     measured_monotonic: float
@@ -63,7 +68,7 @@ class Profile:
     def view(self, now: float) -> dict[str, Any]:
         """The profile as /admin/engines shows it."""
         a, b, c, e = self.prefill
-        t, u, v = self.tpot
+        t, u = self.tpot
         f, g = self.first_step
         return {
             "measured_at": round(self.measured_at, 3),
@@ -77,7 +82,7 @@ class Profile:
                 "per_1k_tokens_squared": c,
                 "per_100_decoding": e,
             },
-            "tpot_s": {"base": t, "per_100_decoding": u, "per_10k_prefill_tokens_per_s": v},
+            "decode_step_s": {"base": t, "per_100_decoding": u},
             "first_decode_step_s": {"base": f, "per_1k_tokens": g},
         }
 
@@ -91,8 +96,8 @@ def prefill_features(prompt_tokens: float, decoding: float) -> tuple[float, floa
     return (1.0, p, p * p, decoding / 100.0)
 
 
-def tpot_features(decoding: float, prefill_rate: float) -> tuple[float, float, float]:
-    return (1.0, decoding / 100.0, prefill_rate / 10_000.0)
+def tpot_features(decoding: float) -> tuple[float, float]:
+    return (1.0, decoding / 100.0)
 
 
 def first_step_features(prompt_tokens: float) -> tuple[float, float]:
@@ -117,15 +122,14 @@ def fit_profile(
         raise ProfileError("no probe streamed its output token by token (no TPOT)")
     t = max(MIN_TPOT_S, statistics.median(tpots))
     # Load slopes until served requests teach better: a decode step grows with the batch
-    # (about its own base cost per 100 sequences on common GPUs and models), prefill work
-    # placed there competes with decoding in proportion to its share of the engine
-    # (b seconds per 1,000 tokens), and each decoding sequence adds to every prefill step.
+    # (about its own base cost per 100 sequences on common GPUs and models), steps
+    # are stretched by the prefill beside them, and each decoding sequence adds to every
+    # prefill step.
     u = t
-    v = t * 10.0 * b
     e = u
     return Profile(
         prefill=(a, b, 0.0, e),
-        tpot=(t, u, v),
+        tpot=(t, u),
         first_step=(2.0 * t, 0.005),
         measured_at=wall,
         measured_monotonic=now,
@@ -147,9 +151,8 @@ def rescale(
         if s.ttft_s > 0:
             ttft_ratios.append(s.ttft_s / expected)
         if s.tpot_s is not None and s.tpot_s > 0:
-            expected_tpot = max(
-                MIN_TPOT_S, dot(profile.tpot, tpot_features(s.decoding, s.prefill_rate))
-            )
+            step = max(MIN_TPOT_S, dot(profile.tpot, tpot_features(s.decoding)))
+            expected_tpot = step * s.stretch
             tpot_ratios.append(s.tpot_s / expected_tpot)
     if not ttft_ratios or not tpot_ratios:
         raise ProfileError("the probes measured no first token or no TPOT")

@@ -28,7 +28,8 @@ class PlacementLearning:
     def __init__(self, book: ModelBook) -> None:
         self.book = book
         self._answered: dict[Ticket, float] = {}  # P/D: when the prefill engine answered
-        self._decode_batch: dict[Ticket, float] = {}  # the decode batch at the first token
+        # The decode batch, the engine's stretch and the time at the first token.
+        self._decode_start: dict[Ticket, tuple[float, float, float]] = {}
 
     def placed(self, ticket: Ticket, plan: Plan, now: float) -> None:
         first = plan.first
@@ -40,7 +41,7 @@ class PlacementLearning:
     def prefill_answered(self, ticket: Ticket, plan: Plan, now: float) -> None:
         first = plan.first
         if first.model is not None:
-            first.model.prefill_finished(ticket, now)
+            first.model.prefill_finished(ticket, now, decoding_on(first))
         self._answered[ticket] = now
 
     def first_token(self, ticket: Ticket, plan: Plan, now: float) -> None:
@@ -48,7 +49,7 @@ class PlacementLearning:
         model = decode.model
         if model is not None:
             if plan.prefill is None:
-                model.prefill_finished(ticket, now)
+                model.prefill_finished(ticket, now, decoding_on(decode))
             else:
                 answered = self._answered.pop(ticket, None)
                 if answered is not None:
@@ -57,11 +58,13 @@ class PlacementLearning:
         if projected is not None:
             ticket.projected_ttft = None  # one measurement per request, retries included
             self.book.ttft_measured(projected, now - ticket.checked_at)
-        self._decode_batch[ticket] = decoding_on(decode)
+        batch = decoding_on(decode)
+        stretch = 1.0 if model is None else model.stretch(batch, now)
+        self._decode_start[ticket] = (batch, stretch, now)
 
     def released(self, ticket: Ticket, plan: Plan, now: float, *, decoded: bool) -> None:
         self._answered.pop(ticket, None)
-        batch = self._decode_batch.pop(ticket, None)
+        start = self._decode_start.pop(ticket, None)
         if not decoded:
             first = plan.first
             if first.model is not None:
@@ -73,10 +76,12 @@ class PlacementLearning:
             return
         model = decode.model
         tpot = output.time_per_output_token()
-        if model is not None and tpot is not None:
+        if model is not None and tpot is not None and start is not None:
             # The batch it decoded in: the mean of the batch at its start and at its end.
-            at_end = decoding_on(decode)
-            model.observe_tpot(tpot, at_end if batch is None else (batch + at_end) / 2, now)
+            batch, stretch, since = start
+            model.observe_tpot(
+                tpot, (batch + decoding_on(decode)) / 2, now, stretch_before=stretch, since=since
+            )
         if output.finished:
             tokens, source = output.output_tokens()
             if source != "events":  # counted from IDs or the engine's usage: exact

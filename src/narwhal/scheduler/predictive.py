@@ -2,7 +2,8 @@
 
 For one request on one placement, in seconds from now:
 
-    prefill part  = the engine's prefill backlog + this prompt's prefill there
+    prefill part  = the steps until the engine has prefilled this prompt, the work ahead
+                    of it included (`narwhal.models.lane`)
     decode part   = (P/D) the decode engine's KV transfer and first step
     TTFT          = prefill part + decode part
     decode work   = expected output tokens x the decode engine's TPOT with one more
@@ -43,7 +44,9 @@ def decoding_on(entry: EngineEntry) -> float:
 
 
 def prefill_part(entry: EngineEntry, model: EngineModel, prompt_tokens: int, now: float) -> float:
-    return model.backlog(now) + model.service(prompt_tokens, decoding_on(entry))
+    """Seconds until the prompt's prefill would be done on the engine (its step-by-step
+    lane), placed now."""
+    return model.ttft(prompt_tokens, decoding_on(entry), now)
 
 
 def decode_work(
