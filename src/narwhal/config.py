@@ -67,6 +67,9 @@ class EngineConfig(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True
     role: Role = "both"
     wave: NonNegativeInt | None = None
     phase_concurrency: EnginePhaseConcurrency = EnginePhaseConcurrency()
+    # The engine's own prefill token budget per step (vLLM --max-num-batched-tokens,
+    # SGLang --chunked-prefill-size): predictive admission follows its steps with it.
+    max_num_batched_tokens: Annotated[int, Meta(ge=16)] = 8192
 
 
 class FleetConfig(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):

@@ -61,6 +61,7 @@ class Router:
         if predictive:
             book = self.book = ModelBook(
                 self.registry.entries,
+                step_budgets={e.name: e.max_num_batched_tokens for e in config.engines},
                 ttft_budget_s=admission.ttft_target_s,
                 prediction_error=self.metrics.ttft_prediction_error.observe,
             )

@@ -89,6 +89,7 @@ def _model_scores(entry: EngineEntry, now: float) -> dict[str, Any]:
         "backlog_s": model.backlog(now, decoding),
         "tpot_predicted_s": model.tpot(decoding + 1.0, now),
         "tpot_observed_s": model.tpot_observed,
+        "decode_work_tokens": model.decoding.work(now),
         "drift": {
             "prefill": model.prefill_drift.score,
             "tpot": model.tpot_drift.score,

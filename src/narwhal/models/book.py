@@ -18,10 +18,10 @@ Both are one float each and O(1) per request.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Final
 
-from narwhal.models.engine import EngineModel
+from narwhal.models.engine import DEFAULT_STEP_BUDGET, EngineModel
 from narwhal.models.histogram import QuantileTracker
 from narwhal.models.lengths import OutputLengths
 
@@ -38,10 +38,18 @@ class ModelBook:
         engines: Iterable[str],
         *,
         ttft_budget_s: float,
+        step_budgets: Mapping[str, int] | None = None,
         prediction_error: Callable[[float], None] | None = None,
     ) -> None:
-        self.engines: dict[str, EngineModel] = {name: EngineModel(name) for name in engines}
+        """`step_budgets`: each engine's prefill token budget per step, by name."""
+        budgets = step_budgets or {}
         self.lengths = OutputLengths()
+        self.engines: dict[str, EngineModel] = {
+            name: EngineModel(
+                name, step_budget=budgets.get(name, DEFAULT_STEP_BUDGET), lengths=self.lengths
+            )
+            for name in engines
+        }
         self.budget = ttft_budget_s
         self.bias = QuantileTracker(0.5, initial=1.0, step=0.05, lowest=0.2, highest=5.0)
         self.margin = QuantileTracker(

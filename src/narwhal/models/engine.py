@@ -24,8 +24,10 @@ import math
 from dataclasses import dataclass
 from typing import Any, Final, Literal
 
+from narwhal.models.decode import DecodeBook
 from narwhal.models.drift import DriftScore
 from narwhal.models.lane import PrefillLane, StepCosts
+from narwhal.models.lengths import OutputLengths
 from narwhal.models.profile import (
     MIN_PREFILL_S,
     MIN_TPOT_S,
@@ -109,9 +111,17 @@ DEFAULT_STEP_BUDGET: Final = 8192  # vLLM's max_num_batched_tokens on large GPUs
 
 
 class EngineModel:
-    def __init__(self, name: str, *, step_budget: int = DEFAULT_STEP_BUDGET) -> None:
+    def __init__(
+        self,
+        name: str,
+        *,
+        step_budget: int = DEFAULT_STEP_BUDGET,
+        lengths: OutputLengths | None = None,
+    ) -> None:
         self.name = name
         self.step_budget = step_budget
+        # The requests decoding here, their remaining work corrected as they produce.
+        self.decoding = DecodeBook(lengths or OutputLengths())
         self.profile: Profile | None = None
         self.profiling = Profiling()
         self._baseline = DEFAULT_PROFILE  # what drift is measured against

@@ -9,6 +9,8 @@ models learn from:
     first_token       a `both` engine's prefill finished, or a P/D decode engine's first
                       step after the KV transfer; and the request's TTFT projection meets
                       what it turned into (the book's calibration)
+    first_token also  the decode engine's book starts following the request's output
+                      (decode correction: its remaining work as it produces)
     released          decode done or given up: TPOT at the decode batch it ran in, and
                       (for a complete output) its validated length; an unfinished
                       prefill leaves its lane
@@ -61,10 +63,17 @@ class PlacementLearning:
         batch = decoding_on(decode)
         stretch = 1.0 if model is None else model.stretch(batch, now)
         self._decode_start[ticket] = (batch, stretch, now)
+        if model is not None and ticket.output is not None:
+            request = ticket.request
+            model.decoding.start(
+                ticket, request.route, request.prompt_tokens, request.max_tokens, ticket.output
+            )
 
     def released(self, ticket: Ticket, plan: Plan, now: float, *, decoded: bool) -> None:
         self._answered.pop(ticket, None)
         start = self._decode_start.pop(ticket, None)
+        if plan.decode.model is not None:
+            plan.decode.model.decoding.stop(ticket)
         if not decoded:
             first = plan.first
             if first.model is not None:

@@ -6,7 +6,9 @@ For one request on one placement, in seconds from now:
                     of it included (`narwhal.models.lane`)
     decode part   = (P/D) the decode engine's KV transfer and first step
     TTFT          = prefill part + decode part
-    decode work   = expected output tokens x the decode engine's TPOT with one more
+    decode work   = expected output tokens x the decode engine's TPOT for the batch it
+                    will decode in (requests there counted for as long as they are
+                    expected to go on: decode correction)
 
 `ProjectingScorer` is placement's cost in predictive mode: TTFT plus the decode work,
 so an engine that would stream slowly is chosen only when it makes up for it in first
@@ -52,7 +54,13 @@ def prefill_part(entry: EngineEntry, model: EngineModel, prompt_tokens: int, now
 def decode_work(
     entry: EngineEntry, model: EngineModel, request: PlacementRequest, now: float
 ) -> float:
-    return request.predicted_output * model.tpot(decoding_on(entry) + 1.0, now)
+    """Seconds the request's expected output takes there: its tokens at the TPOT of the
+    batch it will decode in, the others counted for as long as they are expected to go
+    on (decode correction), plus what the engine runs that Narwhal did not place."""
+    horizon = request.predicted_output
+    beside = model.decoding.expected_batch(horizon, now)
+    others = max(0.0, decoding_on(entry) - len(model.decoding))
+    return horizon * model.tpot(beside + others + 1.0, now)
 
 
 class ProjectingScorer:
