@@ -107,7 +107,8 @@ class CompletionRoutes:
                            "completions; use return_output_ids_in_sglext when streaming",
                            "BadRequestError", "return_token_ids")  # fmt: skip
         try:
-            scenarios = parse_directives(parsed.directive_text)
+            text = parsed.directive_text
+            scenarios = parse_directives(f"{options.always} {text}" if options.always else text)
         except ScenarioError as exc:
             raise SimError(
                 400, str(exc), "BadRequestError", "messages" if chat else "prompt"

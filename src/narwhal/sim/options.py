@@ -115,6 +115,13 @@ class SimOptions:
         default=2.0, metadata=_help("fault: decode-step multiplier once --drift-after-s has passed")
     )
     broken_metrics: bool = field(default=False, metadata=_help("fault: /metrics answers 500"))
+    always: str = field(
+        default="",
+        metadata=_help(
+            "directives applied to every request as if its prompt held them, e.g. "
+            "'#sim:bool_token_id' (an engine whose every answer has the fault)"
+        ),
+    )
 
     def __post_init__(self) -> None:
         positive = {
@@ -148,6 +155,13 @@ class SimOptions:
             raise ValueError(f"unknown dialect {self.dialect!r}")
         if self.role not in ("both", "prefill", "decode"):
             raise ValueError(f"unknown role {self.role!r}")
+        if self.always:
+            from narwhal.sim.scenarios import ScenarioError, parse_directives
+
+            try:
+                parse_directives(self.always)
+            except ScenarioError as exc:
+                raise ValueError(f"always: {exc}") from None
 
     @property
     def context_len(self) -> int:
