@@ -1,0 +1,629 @@
+"""Predictive admission against open admission and a queue-length policy, under overload.
+
+A fleet of simulated engines (`narwhal sim`, time-scale 1: every duration is the sim's
+performance model in real time, vLLM's V1 scheduler with an 8,192-token step budget) is
+offered open-loop Poisson load at 0.5x, 1x, 1.5x, 2x and 3x its capacity, through
+Narwhal run three ways at the same TTFT budget:
+
+- `open`        admission: open (every request queued until served);
+- `queue`       admission: open with a bounded queue: requests beyond
+                `phase_concurrency.prefill` wait in Narwhal's queue, and a request that
+                finds it `queue_limit` deep is refused (429). The depth is tuned at 1x
+                (the deepest queue whose admitted requests still meet the budget 99% of
+                the time, from short runs), the way an operator would tune it;
+- `predictive`  admission: predictive (the TTFT projection decides).
+
+Each run gets fresh engines and a fresh router, the same workload (a wide prompt-length
+mix, so that a queue's length says little about its wait) and seed. Reported per run:
+offered, admitted, refused, rejected, the share of admitted requests whose TTFT met the
+budget, goodput (requests per second completed within the budget), TTFT p50/p99 of the
+admitted, refusal latency, and for predictive the projection error (|expected -
+measured| / measured, from the router's narwhal_ttft_prediction_error_ratio histogram).
+
+Then two runs of predictive admission alone: a heterogeneous fleet (one engine half as
+fast), and a drift run on a disaggregated fleet (one decode engine's TPOT doubles
+midway: its drift score, its re-profile and where new decode work goes).
+
+    python scripts/perf/admission.py [--requests 600] [--budget 2] [--json OUT] [--plot DIR]
+    python scripts/perf/admission.py --quick        # fewer requests, fewer levels
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import re
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import harness
+from harness import HOST, MODEL, Processes, Server, fmt, table
+
+LEVELS = (0.5, 1.0, 1.5, 2.0, 3.0)
+POLICIES = ("open", "queue", "predictive")
+PROMPTS = "256:4096"
+OUTPUTS = "32:256"
+SIM_FLAGS = ("--time-scale", "1")
+SLOW_FLAGS = ("--prefill-tokens-per-s", "10000", "--decode-base-ms", "12")
+# The queue policy's prefill concurrency: enough prompts in flight to fill each engine's
+# steps (a 8,192-token step holds about four of these prompts).
+QUEUE_PREFILL_PER_ENGINE = 4
+QUEUE_DEPTHS = (2, 4, 8, 12, 16, 24)
+GENEROUS = harness.GENEROUS_LIMIT
+PREFILL_TOKENS_PER_S = 20_000.0  # the sim's default
+
+
+@dataclass
+class Run:
+    policy: str
+    level: float
+    rate: float
+    summary: dict[str, Any]
+    metrics: dict[str, float] = field(default_factory=dict)  # router counters, deltas
+    histogram: list[tuple[float, float]] = field(default_factory=list)  # prediction error
+
+    @property
+    def admission(self) -> dict[str, Any]:
+        return dict(self.summary["admission"])
+
+    def error_quantile(self, q: float) -> float:
+        return _histogram_quantile(self.histogram, q)
+
+
+def router_config(
+    path: Path,
+    sims: Sequence[tuple[str, Server, str]],
+    policy: str,
+    budget: float,
+    *,
+    queue_depth: int = 0,
+) -> Path:
+    admission: dict[str, Any] = {"ttft_target_s": budget}
+    if policy == "predictive":
+        admission.update(mode="predictive", queue_limit=GENEROUS)
+        admission["phase_concurrency"] = {"prefill": GENEROUS, "decode": GENEROUS}
+    elif policy == "queue":
+        prefill = QUEUE_PREFILL_PER_ENGINE * len(sims)
+        admission.update(mode="open", queue_limit=queue_depth, wait_timeout_s=600)
+        admission["phase_concurrency"] = {"prefill": prefill, "decode": GENEROUS}
+    else:
+        admission.update(mode="open", queue_limit=GENEROUS, wait_timeout_s=600)
+        admission["phase_concurrency"] = {"prefill": GENEROUS, "decode": GENEROUS}
+    config = {
+        "model": MODEL,
+        "serving": {"host": HOST, "port": 0, "max_retained": GENEROUS, "request_timeout_s": 600},
+        "admission": admission,
+        "engines": [
+            {"name": name, "url": sim.url, "dialect": "vllm", "role": role}
+            for name, sim, role in sims
+        ],
+    }
+    path.write_text(json.dumps(config, indent=2) + "\n")
+    return path
+
+
+def scrape(router: Server) -> dict[str, float]:
+    """Every narwhal_* sample of the router's /metrics, by its full name and labels."""
+    values: dict[str, float] = {}
+    for line in harness.http_get_text(f"{router.url}/metrics").splitlines():
+        if line.startswith("narwhal_"):
+            name, _, value = line.rpartition(" ")
+            try:
+                values[name] = float(value)
+            except ValueError:
+                continue
+    return values
+
+
+_BUCKET = re.compile(r'narwhal_ttft_prediction_error_ratio_bucket\{le="([^"]+)"\}')
+
+
+def error_histogram(before: dict[str, float], after: dict[str, float]) -> list[tuple[float, float]]:
+    """(upper bound, cumulative count) of the prediction-error histogram over a run."""
+    buckets = []
+    for name, value in after.items():
+        match = _BUCKET.fullmatch(name)
+        if match:
+            bound = math.inf if match.group(1) == "+Inf" else float(match.group(1))
+            buckets.append((bound, value - before.get(name, 0.0)))
+    return sorted(buckets)
+
+
+def _histogram_quantile(buckets: list[tuple[float, float]], q: float) -> float:
+    if not buckets or buckets[-1][1] <= 0:
+        return math.nan
+    target = q * buckets[-1][1]
+    lower_bound, lower_count = 0.0, 0.0
+    for bound, count in buckets:
+        if count >= target:
+            if math.isinf(bound):
+                return lower_bound
+            share = (target - lower_count) / max(1e-9, count - lower_count)
+            return lower_bound + (bound - lower_bound) * share
+        lower_bound, lower_count = bound, count
+    return lower_bound
+
+
+def bench(
+    procs: Processes,
+    router: Server,
+    tag: str,
+    rate: float | None,
+    requests: int,
+    args: argparse.Namespace,
+    *,
+    extra: Sequence[str] = (),
+    concurrency: int | None = None,
+) -> dict[str, Any]:
+    load = ["--rate", f"{rate:.3f}"] if rate is not None else ["-c", str(concurrency or 64)]
+    duration = (1.5 * requests / rate + 60) if rate else 600.0
+    bench_args = [
+        *load,
+        "-n",
+        str(requests),
+        "--seed",
+        str(args.seed),
+        "--prompt-tokens",
+        PROMPTS,
+        "--max-tokens",
+        OUTPUTS,
+        "--ignore-eos",
+        "--slo-ttft",
+        str(args.budget),
+        "--timeout",
+        "300",
+        "--duration",
+        f"{duration:.0f}",
+        *extra,
+    ]
+    run = harness.run_bench(
+        tag,
+        [router.url],
+        bench_args,
+        watch=[router],
+        router=router,
+        warmup=args.warmup,
+        timeout_s=duration + 400,
+        work_dir=procs.log_dir,
+    )
+    return run.summary
+
+
+def start_fleet(procs: Processes, tag: str, flags: Sequence[Sequence[str]]) -> list[Server]:
+    return [
+        procs.sim(f"sim{i}-{tag}", *SIM_FLAGS, "--seed", str(i), *extra)
+        for i, extra in enumerate(flags)
+    ]
+
+
+def run_once(
+    procs: Processes,
+    policy: str,
+    level: float,
+    rate: float,
+    requests: int,
+    args: argparse.Namespace,
+    *,
+    queue_depth: int = 0,
+) -> Run:
+    tag = f"{policy}-x{level:g}-{time.monotonic_ns() % 10**6}"
+    sims = start_fleet(procs, tag, [()] * args.engines)
+    named = [(f"e{i}", sim, "both") for i, sim in enumerate(sims)]
+    config = router_config(
+        procs.log_dir / f"router-{tag}.yaml", named, policy, args.budget, queue_depth=queue_depth
+    )
+    router = procs.router(f"narwhal-{tag}", config)
+    before = scrape(router)
+    summary = bench(procs, router, tag, rate, requests, args)
+    after = scrape(router)
+    procs.stop(router)
+    for sim in sims:
+        procs.stop(sim)
+    run = Run(policy, level, rate, summary, histogram=error_histogram(before, after))
+    run.metrics = {k: after[k] - before.get(k, 0.0) for k in after if "_total" in k}
+    a = run.admission
+    harness.log(
+        f"{tag}: offered {a['offered']} admitted {a['admitted']} refused {a['refused']} "
+        f"rejected {a['rejected']} attainment {100 * (a['admitted_attainment'] or 0):.1f}% "
+        f"goodput {summary['goodput_per_s']:.2f}/s ttft p99 {1e3 * summary['ttft_s']['p99']:.0f} ms"
+    )
+    return run
+
+
+def fleet_capacity(engines: int) -> float:
+    """The fleet's capacity for this workload, from the sims' performance model: it is
+    prefill-bound (outputs are short next to what 256 decoding slots can carry), so an
+    engine serves `PREFILL_TOKENS_PER_S / (mean prompt + per-request overhead)` requests
+    a second. The overhead is the sim's 2 ms per prefill started plus its share of the
+    6 ms + 0.08 ms per decoding sequence of each 8,192-token step it rides in (about 50
+    decoding at capacity). The open policy's throughput at 1.5x-3x, in the table, is the
+    same figure measured."""
+    mean_prompt = sum(int(x) for x in PROMPTS.split(":")) / 2
+    step = 0.006 + 0.00008 * 50
+    overhead = 0.002 + step * mean_prompt / 8192
+    return engines / (mean_prompt / PREFILL_TOKENS_PER_S + overhead)
+
+
+def tune_queue(
+    procs: Processes, capacity: float, args: argparse.Namespace
+) -> tuple[int, list[Run]]:
+    """The deepest queue whose admitted requests meet the budget 99% of the time at 1x."""
+    trials = []
+    best = QUEUE_DEPTHS[0]
+    for depth in QUEUE_DEPTHS:
+        run = run_once(procs, "queue", 1.0, capacity, args.tune_requests, args, queue_depth=depth)
+        run.metrics["queue_depth"] = depth
+        trials.append(run)
+        if (run.admission["admitted_attainment"] or 0) >= 0.99:
+            best = depth
+        else:
+            break
+    harness.log(f"queue policy: depth {best}")
+    return best, trials
+
+
+HEADERS = [
+    "load",
+    "policy",
+    "offered",
+    "admitted",
+    "refused",
+    "rejected",
+    "admitted within budget",
+    "goodput req/s",
+    "TTFT p50 / p99 ms (admitted)",
+    "refusal p99 ms",
+    "projection error p50 / p90",
+]
+
+
+def row(run: Run) -> list[str]:
+    a = run.admission
+    s = run.summary
+    ttft = s["ttft_s"]
+    refusal = a["refusal_latency_s"]
+    error = "-"
+    if run.policy == "predictive":
+        error = f"{100 * run.error_quantile(0.5):.0f}% / {100 * run.error_quantile(0.9):.0f}%"
+    return [
+        f"{run.level:g}x ({run.rate:.1f}/s)",
+        run.policy,
+        str(a["offered"]),
+        str(a["admitted"]),
+        str(a["refused"]),
+        str(a["rejected"]),
+        f"{100 * (a['admitted_attainment'] or 0):.1f}%",
+        fmt(float(s["goodput_per_s"]), 2),
+        f"{fmt(1e3 * ttft['p50'], 0)} / {fmt(1e3 * ttft['p99'], 0)}",
+        fmt(1e3 * refusal["p99"], 1) if refusal.get("count") else "-",
+        error,
+    ]
+
+
+def heterogeneous(procs: Processes, capacity: float, args: argparse.Namespace) -> dict[str, Any]:
+    """One engine half as fast: how predictive admission spreads the work."""
+    sims = start_fleet(procs, "hetero", [(), SLOW_FLAGS])
+    named = [("fast", sims[0], "both"), ("slow", sims[1], "both")]
+    config = router_config(procs.log_dir / "router-hetero.yaml", named, "predictive", args.budget)
+    router = procs.router("narwhal-hetero", config)
+    rate = 1.5 * capacity * 0.75  # the fleet has three quarters of the capacity
+    before = {name: _engine_requests(sim) for name, sim, _ in named}
+    summary = bench(procs, router, "hetero", rate, args.requests, args)
+    served = {name: _engine_requests(sim) - before[name] for name, sim, _ in named}
+    procs.stop(router)
+    for sim in sims:
+        procs.stop(sim)
+    result = {"rate": rate, "summary": summary, "served": served}
+    harness.log(f"heterogeneous: served {served}")
+    return result
+
+
+def drift(procs: Processes, args: argparse.Namespace) -> dict[str, Any]:
+    """A P/D fleet, one decode engine's decode steps twice as slow after `drift_after`."""
+    after = args.drift_after
+    flags = [
+        ("--role", "prefill"),
+        ("--role", "prefill"),
+        ("--role", "decode"),
+        ("--role", "decode", "--drift-after-s", str(after), "--drift-factor", "2"),
+    ]
+    sims = start_fleet(procs, "drift", flags)
+    named = [
+        ("p0", sims[0], "prefill"),
+        ("p1", sims[1], "prefill"),
+        ("d0", sims[2], "decode"),
+        ("d1", sims[3], "decode"),
+    ]
+    config = router_config(procs.log_dir / "router-drift.yaml", named, "predictive", args.budget)
+    router = procs.router("narwhal-drift", config)
+    started = time.monotonic()
+    rate = args.drift_rate
+    requests = int(rate * args.drift_seconds)
+    samples: list[dict[str, float]] = []
+
+    def sample() -> dict[str, float]:
+        values = scrape(router)
+        point = {
+            "t": time.monotonic() - started,
+            "d0": _engine_requests(sims[2]),
+            "d1": _engine_requests(sims[3]),
+            "drift_d1": values.get('narwhal_engine_drift{engine="d1",quantity="tpot"}', 0.0),
+            "drift_d0": values.get('narwhal_engine_drift{engine="d0",quantity="tpot"}', 0.0),
+            "reprofiles_d1": values.get('narwhal_engine_reprofiles_total{engine="d1"}', 0.0),
+        }
+        samples.append(point)
+        return {}
+
+    harness.run_bench(
+        "drift",
+        [router.url],
+        [
+            "--rate",
+            f"{rate:.3f}",
+            "-n",
+            str(requests),
+            "--seed",
+            str(args.seed),
+            "--prompt-tokens",
+            "256:2048",
+            "--max-tokens",
+            "64:256",
+            "--ignore-eos",
+            "--slo-ttft",
+            str(args.budget),
+            "--timeout",
+            "300",
+            "--duration",
+            f"{args.drift_seconds + 30:.0f}",
+        ],
+        watch=[router],
+        router=router,
+        warmup=args.warmup,
+        timeout_s=args.drift_seconds + 400,
+        work_dir=procs.log_dir,
+        sample=sample,
+        sample_every_s=1.0,
+    )
+    sample()
+    procs.stop(router)
+    for sim in sims:
+        procs.stop(sim)
+    return {"drift_after_s": after, "samples": samples}
+
+
+def _engine_requests(sim: Server) -> float:
+    return harness.gauge(f"{sim.url}/metrics", "vllm:request_success_total")
+
+
+def _drift_table(result: dict[str, Any]) -> str:
+    samples = result["samples"]
+    after = result["drift_after_s"]
+    rows = []
+    previous = None
+    for point in samples[:: max(1, len(samples) // 12)]:
+        if previous is not None:
+            dt = point["t"] - previous["t"]
+            d0 = (point["d0"] - previous["d0"]) / dt
+            d1 = (point["d1"] - previous["d1"]) / dt
+            rows.append(
+                [
+                    f"{point['t']:.0f}",
+                    "yes" if point["t"] > after else "no",
+                    fmt(d0, 2),
+                    fmt(d1, 2),
+                    fmt(point["drift_d1"], 2),
+                    fmt(point["reprofiles_d1"], 0),
+                ]
+            )
+        previous = point
+    headers = [
+        "t (s)",
+        "d1 slowed",
+        "d0 requests/s",
+        "d1 requests/s",
+        "d1 TPOT drift",
+        "d1 re-profiles",
+    ]
+    return table(headers, rows)
+
+
+def plot(runs: list[Run], directory: Path) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        harness.log("no matplotlib: plots skipped (pip install '.[plot]')")
+        return
+    directory.mkdir(parents=True, exist_ok=True)
+    figure, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+    for policy in POLICIES:
+        mine = sorted((r for r in runs if r.policy == policy), key=lambda r: r.level)
+        levels = [r.level for r in mine]
+        left.plot(levels, [r.summary["goodput_per_s"] for r in mine], marker="o", label=policy)
+        right.plot(
+            levels,
+            [100 * (r.admission["admitted_attainment"] or 0) for r in mine],
+            marker="o",
+            label=policy,
+        )
+    left.set_xlabel("offered load (x capacity)")
+    left.set_ylabel("goodput (req/s within the TTFT budget)")
+    right.set_xlabel("offered load (x capacity)")
+    right.set_ylabel("admitted requests within the budget (%)")
+    for axis in (left, right):
+        axis.grid(alpha=0.3)
+        axis.legend()
+    figure.tight_layout()
+    figure.savefig(directory / "admission.png", dpi=110)
+    harness.log(f"plot written to {directory / 'admission.png'}")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--engines", type=int, default=2, help="sims in the fleet")
+    parser.add_argument("--budget", type=float, default=2.0, help="admission.ttft_target_s")
+    parser.add_argument("--requests", type=int, default=600, help="requests per run")
+    parser.add_argument("--tune-requests", type=int, default=300, help="per queue-tuning run")
+    parser.add_argument("--warmup", type=int, default=16)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--levels", default=",".join(f"{x:g}" for x in LEVELS))
+    parser.add_argument("--drift-after", type=float, default=40.0, help="seconds into the run")
+    parser.add_argument("--drift-rate", type=float, default=6.0, help="drift run req/s")
+    parser.add_argument("--drift-seconds", type=float, default=90.0)
+    parser.add_argument("--skip-extra", action="store_true", help="no hetero / drift runs")
+    parser.add_argument("--quick", action="store_true", help="fewer requests, levels 1,2")
+    parser.add_argument("--json", metavar="OUT")
+    parser.add_argument("--plot", metavar="DIR")
+    parser.add_argument("--keep-logs", action="store_true")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.requests, args.tune_requests = 300, 300
+        args.levels, args.drift_seconds = "1,2", 60.0
+    levels = [float(x) for x in args.levels.split(",")]
+    started = time.monotonic()
+    revision = harness.narwhal_revision()
+    runs: list[Run] = []
+    with Processes(keep_logs=args.keep_logs) as procs:
+        capacity = fleet_capacity(args.engines)
+        depth, trials = tune_queue(procs, capacity, args)
+        for level in levels:
+            for policy in POLICIES:
+                runs.append(
+                    run_once(
+                        procs,
+                        policy,
+                        level,
+                        level * capacity,
+                        args.requests,
+                        args,
+                        queue_depth=depth,
+                    )
+                )
+        hetero = drift_result = None
+        if not args.skip_extra:
+            hetero = heterogeneous(procs, capacity, args)
+            drift_result = drift(procs, args)
+
+    print(
+        f"\n## Admission under overload: {args.engines} sims (both roles, time-scale 1), "
+        f"prompts {PROMPTS} tokens, outputs {OUTPUTS} (ignore_eos), Poisson arrivals, "
+        f"{args.requests} requests per run, TTFT budget {args.budget:g} s"
+    )
+    print("\n" + harness.stamp(revision) + "\n")
+    print(f"capacity (prefill-bound, from the sims' model): {capacity:.2f} req/s")
+    tuned = ", ".join(
+        f"{int(t.metrics['queue_depth'])}: {100 * (t.admission['admitted_attainment'] or 0):.1f}%"
+        for t in trials
+    )
+    print(
+        f"queue policy: prefill {QUEUE_PREFILL_PER_ENGINE} per engine, depth {depth} "
+        f"(admitted within budget at 1x by depth: {tuned})\n"
+    )
+    print(table(HEADERS, [row(r) for r in sorted(runs, key=lambda r: (r.level, r.policy))]))
+    print()
+    print(_targets(runs))
+    if hetero is not None:
+        s = hetero["summary"]
+        a = s["admission"]
+        print(
+            f"\nheterogeneous fleet (fast + half-speed engine), predictive, "
+            f"{hetero['rate']:.1f} req/s: served by fast {hetero['served']['fast']:.0f}, "
+            f"slow {hetero['served']['slow']:.0f}; admitted {a['admitted']} of {a['offered']}, "
+            f"{100 * (a['admitted_attainment'] or 0):.1f}% within budget, "
+            f"goodput {s['goodput_per_s']:.2f} req/s"
+        )
+    if drift_result is not None:
+        print(
+            f"\ndrift: 2 prefill + 2 decode sims, {args.drift_rate:g} req/s; decode engine "
+            f"d1's decode steps slow 2x after {args.drift_after:g} s\n"
+        )
+        print(_drift_table(drift_result))
+    elapsed = time.monotonic() - started
+    print(f"\ntotal run time {elapsed:.0f} s")
+    if args.plot:
+        plot(runs, Path(args.plot))
+    harness.write_json(
+        args.json,
+        {
+            "args": vars(args),
+            "capacity": capacity,
+            "queue_depth": depth,
+            "runs": [
+                {
+                    "policy": r.policy,
+                    "level": r.level,
+                    "rate": r.rate,
+                    "summary": r.summary,
+                    "metrics": r.metrics,
+                    "error_histogram": r.histogram,
+                }
+                for r in runs
+            ],
+            "queue_tuning": [
+                {"depth": t.metrics["queue_depth"], "summary": t.summary} for t in trials
+            ],
+            "heterogeneous": hetero,
+            "drift": drift_result,
+        },
+    )
+    return 0
+
+
+def _targets(runs: list[Run]) -> str:
+    """The issue's targets, checked against this run's figures."""
+    by = {(r.policy, r.level): r for r in runs}
+    lines = ["Targets:"]
+    predictive = [r for r in runs if r.policy == "predictive"]
+    worst = min((r.admission["admitted_attainment"] or 0) for r in predictive)
+    lines.append(
+        f"- predictive: admitted within budget at every level >= 99%: {100 * worst:.1f}% "
+        f"at worst -> {'met' if worst >= 0.99 else 'NOT met'}"
+    )
+    one = by.get(("predictive", 1.0))
+    for level in (2.0, 3.0):
+        run = by.get(("predictive", level))
+        if one and run:
+            ratio = run.summary["goodput_per_s"] / max(1e-9, one.summary["goodput_per_s"])
+            lines.append(
+                f"- predictive goodput at {level:g}x / at 1x >= 90%: {100 * ratio:.0f}% "
+                f"-> {'met' if ratio >= 0.9 else 'NOT met'}"
+            )
+    p2, q2 = by.get(("predictive", 2.0)), by.get(("queue", 2.0))
+    if p2 and q2:
+        refused_p = p2.admission["refused"] + p2.admission["rejected"]
+        refused_q = q2.admission["refused"] + q2.admission["rejected"]
+        fewer = 1 - refused_p / max(1, refused_q)
+        att_p = p2.admission["admitted_attainment"] or 0
+        att_q = q2.admission["admitted_attainment"] or 0
+        ok = fewer >= 0.10 and att_p >= att_q
+        lines.append(
+            f"- at 2x predictive refuses >= 10% fewer than the queue policy at equal or better "
+            f"attainment: {refused_p} vs {refused_q} ({100 * fewer:.0f}% fewer), attainment "
+            f"{100 * att_p:.1f}% vs {100 * att_q:.1f}% -> {'met' if ok else 'NOT met'}"
+        )
+    errors = [r.error_quantile(0.9) for r in predictive if r.histogram]
+    if errors:
+        worst_error = max(errors)
+        lines.append(
+            f"- projection error p90 <= 20% at every level: worst {100 * worst_error:.0f}% "
+            f"-> {'met' if worst_error <= 0.2 else 'NOT met'}"
+        )
+    if p2:
+        p99 = p2.admission["refusal_latency_s"].get("p99")
+        if p99 is not None:
+            lines.append(
+                f"- refusal latency p99 at 2x < 10 ms: {1e3 * p99:.1f} ms "
+                f"-> {'met' if p99 < 0.01 else 'NOT met'}"
+            )
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    sys.exit(harness.run_main(main))
