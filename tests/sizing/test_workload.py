@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import Any
 
@@ -188,3 +189,30 @@ async def test_only_estimates_learn_from_usage() -> None:
     assert sizer.calibration("chat") == 1.0
     sizer.observe_engine_prompt_tokens("chat", estimated, round(1.5 * estimated.tokens))
     assert sizer.calibration("chat") == pytest.approx(1.5, rel=0.1)
+
+
+async def test_an_estimate_proven_exact_is_used_without_asking_and_checked_now_and_then(
+    session: aiohttp.ClientSession, tokenize_server: TokenizeServer
+) -> None:
+    """Engines that count as the estimate does (narwhal sim): after a run of exact
+    matches the request no longer waits for a tokenize call; one in 64 is still checked,
+    off the request's path, and the first difference sends sizing back to the engine."""
+    sizer = WorkloadSizer(PromptSizer(), engine(session, tokenize_server.url), use_engine=True)
+    sources = []
+    for i in range(200):
+        request, size = chat(f"Prompt number {i:03d}.")  # all of one length
+        tokenize_server.count = TOKENIZER.chat_prompt_count(request.body["messages"])
+        sources.append((await sizer.size(request, size)).source)
+        await asyncio.sleep(0.001)  # let a background check run
+    assert sources[:32] == ["engine"] * 32
+    assert set(sources[32:]) == {"estimate"}
+    await asyncio.sleep(0.05)
+    asked = len(tokenize_server.bodies)
+    assert 32 < asked <= 32 + 3  # 168 sized without a call; two or three checks
+    tokenize_server.count = 10_000  # the engine's tokenizer changed
+    for i in range(70):
+        request, size = chat(f"Later prompt {i}")
+        await sizer.size(request, size)
+        await asyncio.sleep(0.001)
+    request, size = chat("After the check that found the difference")
+    assert (await sizer.size(request, size)).source == "engine"

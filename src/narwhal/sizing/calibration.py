@@ -22,6 +22,7 @@ MIN_RATIO: Final = 0.25
 MAX_RATIO: Final = 4.0
 # Each new pair's weight: the factor follows a change of workload within ~50 requests.
 _WEIGHT: Final = 0.05
+EXACT_AFTER: Final = 32
 
 
 class EstimateCalibration:
@@ -31,15 +32,24 @@ class EstimateCalibration:
         self._weight = weight
         # route -> [weighted engine counts, weighted estimates]; both 0 until a pair arrives.
         self._sums: dict[Route, list[float]] = {"chat": [0.0, 0.0], "completion": [0.0, 0.0]}
+        # Pairs in a row where the estimate was the engine's count exactly, per route.
+        self._exact: dict[Route, int] = {"chat": 0, "completion": 0}
 
     def observe(self, route: Route, estimated: int, engine_count: int) -> None:
         if estimated <= 0 or engine_count <= 0:
             return  # no information about the ratio
+        self._exact[route] = self._exact[route] + 1 if estimated == engine_count else 0
         engine = min(max(engine_count, MIN_RATIO * estimated), MAX_RATIO * estimated)
         sums = self._sums[route]
         keep = 1.0 - self._weight
         sums[0] = keep * sums[0] + self._weight * engine
         sums[1] = keep * sums[1] + self._weight * estimated
+
+    def exact(self, route: Route) -> bool:
+        """Whether the estimate has been the engines' own count, exactly, for the last
+        `EXACT_AFTER` prompts of the route (the engines run the simulator's tokenizer,
+        or one that counts the same): then asking them is a round trip for nothing."""
+        return self._exact[route] >= EXACT_AFTER
 
     def ratio(self, route: Route) -> float:
         engine, estimated = self._sums[route]
