@@ -70,6 +70,8 @@ class EngineConfig(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True
     # The engine's own prefill token budget per step (vLLM --max-num-batched-tokens,
     # SGLang --chunked-prefill-size): predictive admission follows its steps with it.
     max_num_batched_tokens: Annotated[int, Meta(ge=16)] = 8192
+    # Its sequence slots (vLLM --max-num-seqs): past them a prefill waits for a decode.
+    max_num_seqs: PositiveInt = 256
 
 
 class FleetConfig(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):

@@ -62,6 +62,7 @@ class Router:
             book = self.book = ModelBook(
                 self.registry.entries,
                 step_budgets={e.name: e.max_num_batched_tokens for e in config.engines},
+                max_sequences={e.name: e.max_num_seqs for e in config.engines},
                 ttft_budget_s=admission.ttft_target_s,
                 prediction_error=self.metrics.ttft_prediction_error.observe,
             )

@@ -11,8 +11,10 @@ fails the probe (the seed), and the engine stays unprofiled with that reason sho
   traffic (they do not pass the front), and open with words in a random order so that no
   two share a prefix an engine could have cached.
 - Rate limits: one run at a time per engine; a failed run is retried after 1, 2, 4 ...
-  seconds (at most `RETRY_MAX_S`); a drifting engine is re-profiled at most once per
-  `REPROFILE_EVERY_S`.
+  seconds (at most `RETRY_MAX_S`); a drifting engine, or one no served request has
+  taught anything for `IDLE_REPROFILE_S` (placement may have stopped sending it work
+  when it ran slow: it must be found again when it recovers), is re-profiled at most
+  once per `REPROFILE_EVERY_S`.
 - An engine that goes down loses its profile (it may come back another model, another
   GPU) and is profiled again when it comes back.
 - Vendors' prompts: the completion route for vLLM and SGLang (the route both give IDs
@@ -60,6 +62,7 @@ log = logging.getLogger(__name__)
 PROBE_TIMEOUT_S: Final = 10.0
 RETRY_MAX_S: Final = 30.0
 REPROFILE_EVERY_S: Final = 30.0
+IDLE_REPROFILE_S: Final = 30.0  # an engine no request has taught anything for this long
 _TICK_S: Final = 0.25
 # One token each in the simulator's tokenizer and in common BPE vocabularies.
 _WORDS: Final = (
@@ -138,7 +141,9 @@ class Profiler:
             if not model.profiled:
                 if now >= self._retry_at.get(name, 0.0):
                     self._run(entry, model, reprofile=False)
-            elif model.drifted:
+            elif model.drifted or model.idle_for(now) >= IDLE_REPROFILE_S:
+                # Drifting, or unheard of for long (given no work after it was found slow,
+                # it would never be found recovered): measure it again.
                 model.profiling.reprofile_wanted = True
                 last = model.profiling.last_reprofile_at or model.profile.measured_monotonic  # type: ignore[union-attr]
                 if now - last >= REPROFILE_EVERY_S:

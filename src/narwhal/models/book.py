@@ -21,7 +21,7 @@ import math
 from collections.abc import Callable, Iterable, Mapping
 from typing import Final
 
-from narwhal.models.engine import DEFAULT_STEP_BUDGET, EngineModel
+from narwhal.models.engine import DEFAULT_MAX_SEQUENCES, DEFAULT_STEP_BUDGET, EngineModel
 from narwhal.models.histogram import QuantileTracker
 from narwhal.models.lengths import OutputLengths
 
@@ -39,14 +39,20 @@ class ModelBook:
         *,
         ttft_budget_s: float,
         step_budgets: Mapping[str, int] | None = None,
+        max_sequences: Mapping[str, int] | None = None,
         prediction_error: Callable[[float], None] | None = None,
     ) -> None:
-        """`step_budgets`: each engine's prefill token budget per step, by name."""
+        """`step_budgets`, `max_sequences`: each engine's prefill token budget per step
+        and its sequence slots, by name."""
         budgets = step_budgets or {}
+        slots = max_sequences or {}
         self.lengths = OutputLengths()
         self.engines: dict[str, EngineModel] = {
             name: EngineModel(
-                name, step_budget=budgets.get(name, DEFAULT_STEP_BUDGET), lengths=self.lengths
+                name,
+                step_budget=budgets.get(name, DEFAULT_STEP_BUDGET),
+                max_sequences=slots.get(name, DEFAULT_MAX_SEQUENCES),
+                lengths=self.lengths,
             )
             for name in engines
         }

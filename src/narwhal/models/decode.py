@@ -47,6 +47,7 @@ class DecodeBook:
         self._decoding: dict[object, _Decoding] = {}
         self._at = float("-inf")
         self._remaining: list[float] = []  # expected tokens still to come, per request
+        self._kv: list[float] = []  # the KV each holds now (prompt and output so far)
 
     def __len__(self) -> int:
         return len(self._decoding)
@@ -65,12 +66,32 @@ class DecodeBook:
         """Expected tokens still to come, per request decoding (refreshed lazily)."""
         if now - self._at >= self._refresh_s:
             lengths = self._lengths
-            self._remaining = [
-                lengths.remaining(d.route, d.prompt_tokens, d.progress.tokens, d.cap)
-                for d in self._decoding.values()
-            ]
+            remaining = []
+            kv = []
+            for d in self._decoding.values():
+                produced = d.progress.tokens
+                remaining.append(lengths.remaining(d.route, d.prompt_tokens, produced, d.cap))
+                kv.append(float(d.prompt_tokens + produced))
+            self._remaining, self._kv = remaining, kv
             self._at = now
         return self._remaining
+
+    def kv_tokens(self, now: float) -> float:
+        """KV tokens the requests decoding here hold now."""
+        self.remaining(now)
+        return sum(self._kv)
+
+    def tokens_until_freed(self, kv_needed: float, now: float) -> float | None:
+        """Decode tokens (of the request that frees the last of it) until requests
+        finishing in order of their remaining work have freed `kv_needed` KV tokens;
+        None when all of them together would not."""
+        remaining = self.remaining(now)
+        freed = 0.0
+        for left, kv in sorted(zip(remaining, self._kv, strict=True)):
+            freed += kv + left  # it grows by what it still produces, then lets it all go
+            if freed >= kv_needed:
+                return left
+        return None
 
     def expected_batch(self, horizon: float, now: float) -> float:
         """Requests decoding beside a new one over its next `horizon` tokens, each

@@ -20,6 +20,7 @@ does not place work on it then (the registry's ready gate).
 
 from __future__ import annotations
 
+import heapq
 import math
 from dataclasses import dataclass
 from typing import Any, Final, Literal
@@ -58,9 +59,12 @@ _HALF_LIFE: Final = 200.0  # samples
 # A measured sample more than this factor away from the model is clipped to it, so a
 # stall or a clock jump moves the fit by one bounded step, not to the moon.
 _CLIP: Final = 10.0
-# Drift beyond this (log ratio: 0.4 is about 1.5x slower or faster) re-profiles.
-DRIFT_THRESHOLD: Final = 0.4
+# Drift beyond this (log ratio: 0.3 is about 1.35x slower or faster) re-profiles.
+DRIFT_THRESHOLD: Final = 0.3
 _RATE_TAU_S: Final = 2.0
+# KV cache: its size is learned while it is at least this full (a prefill the cache has
+# no room for waits for decodes to free it: vLLM admits no prompt it has no blocks for).
+_KV_LEARN_FROM: Final = 0.3
 # TPOT observed where prefill stretched decode steps more than this is not learned from.
 _MAX_LEARNED_STRETCH: Final = 2.0  # the prefill-rate average's time constant
 
@@ -108,6 +112,7 @@ class _Pending:
 
 
 DEFAULT_STEP_BUDGET: Final = 8192  # vLLM's max_num_batched_tokens on large GPUs
+DEFAULT_MAX_SEQUENCES: Final = 256  # vLLM's max_num_seqs
 
 
 class EngineModel:
@@ -116,10 +121,13 @@ class EngineModel:
         name: str,
         *,
         step_budget: int = DEFAULT_STEP_BUDGET,
+        max_sequences: int = DEFAULT_MAX_SEQUENCES,
         lengths: OutputLengths | None = None,
     ) -> None:
         self.name = name
         self.step_budget = step_budget
+        self.max_sequences = max_sequences
+        self.kv_capacity: float | None = None  # tokens, learned from the engine's metrics
         # The requests decoding here, their remaining work corrected as they produce.
         self.decoding = DecodeBook(lengths or OutputLengths())
         self.profile: Profile | None = None
@@ -140,6 +148,7 @@ class EngineModel:
         self._rate = _Rate()  # prompt tokens per second placed here for prefill
         self._starts = _Rate()  # prompts per second placed here for prefill
         self._stretched_at = -math.inf  # when prefill last stretched decode steps a lot
+        self.observed_at = -math.inf  # when a served request last taught the model
         self._pending: dict[object, _Pending] = {}
         self.tpot_observed: float | None = None  # an average of what requests saw
 
@@ -165,6 +174,13 @@ class EngineModel:
         if profile.kind == "reprofile":
             state.reprofiles += 1
             state.last_reprofile_at = profile.measured_monotonic
+
+    def idle_for(self, now: float) -> float:
+        """Seconds since the model last learned anything about the engine (a served
+        request, or a profile)."""
+        profile = self.profile
+        since = max(self.observed_at, profile.measured_monotonic if profile else -math.inf)
+        return now - since
 
     @property
     def drift(self) -> float:
@@ -206,12 +222,66 @@ class EngineModel:
         budget = max(256, self.step_budget - int(decoding))
         return StepCosts(budget, base, per_token, per_prompt)
 
-    def ttft(self, prompt_tokens: int, decoding: float, now: float) -> float:
-        """Seconds until a prompt placed now would have its first token here."""
+    def ttft(
+        self,
+        prompt_tokens: int,
+        decoding: float,
+        now: float,
+        sequences: int = 0,
+        kv_usage: float | None = None,
+    ) -> float:
+        """Seconds until a prompt placed now would have its first token here;
+        `sequences`: the requests the engine holds a sequence slot for already;
+        `kv_usage`: the share of its KV cache in use, as its metrics last said."""
         costs = self.step_costs(decoding)
         projected, _ = self.lane.project(prompt_tokens, now, costs, self._rate.value(now))
         # Never less than the prompt's own prefill alone.
-        return max(projected, self.service(prompt_tokens, decoding))
+        alone = self.service(prompt_tokens, decoding)
+        projected = max(projected, alone)
+        if sequences >= self.max_sequences:
+            # Every sequence slot is taken (vLLM's --max-num-seqs): the prefill cannot
+            # start before enough of the requests decoding there have finished.
+            wait = self.slot_wait(sequences - self.max_sequences + 1, decoding, now)
+            projected = max(projected, wait + alone)
+        if kv_usage is not None:
+            wait = self.kv_wait(prompt_tokens, kv_usage, decoding, now)
+            if wait:
+                projected = max(projected, wait + alone)
+        return projected
+
+    def kv_wait(self, prompt_tokens: int, kv_usage: float, decoding: float, now: float) -> float:
+        """Seconds until the engine's KV cache has room for this prompt and those ahead
+        of it: a full cache admits no prefill until decodes finish and free theirs."""
+        held = self.decoding.kv_tokens(now) + self.lane.tokens()
+        if kv_usage >= _KV_LEARN_FROM and held > 0:
+            # The cache's size, from what Narwhal's requests hold and the share in use.
+            estimate = held / kv_usage
+            known = self.kv_capacity
+            self.kv_capacity = estimate if known is None else known + 0.1 * (estimate - known)
+        capacity = self.kv_capacity
+        if capacity is None:
+            return 0.0
+        # In use: what the engine said (up to a probe interval old), or what Narwhal has
+        # placed there since, whichever is more.
+        in_use = max(kv_usage * capacity, held - self.lane.waiting_tokens())
+        needed = prompt_tokens + self.lane.waiting_tokens() - (capacity - in_use)
+        if needed <= 0:
+            return 0.0
+        tokens = self.decoding.tokens_until_freed(needed, now)
+        if tokens is None:
+            return 0.0  # Narwhal's requests are not what fills it: nothing to project by
+        return tokens * self.tpot(decoding, now)
+
+    def slot_wait(self, slots: int, decoding: float, now: float) -> float:
+        """Seconds until `slots` of the requests decoding here have finished, by their
+        corrected remaining work (decode correction) at the TPOT they decode at."""
+        remaining = self.decoding.remaining(now)
+        if not remaining:
+            return 0.0
+        if slots > len(remaining):
+            return max(remaining) * self.tpot(decoding, now)
+        kth = heapq.nsmallest(slots, remaining)[-1]
+        return kth * self.tpot(decoding, now)
 
     def solo(self, prompt_tokens: int) -> float:
         """The prompt's prefill with nothing ahead and nothing decoding."""
@@ -271,6 +341,7 @@ class EngineModel:
         measured = self.lane.finish(key, now, self.step_costs(decoding).budget)
         if pending is None or measured is None:
             return None
+        self.observed_at = now
         if pending.solo:
             # Alone on the engine, the measurement is this prompt's own prefill: what the
             # fit learns from (under load, a service time by the departure rule is a
@@ -300,6 +371,7 @@ class EngineModel:
             return
         observed = self.tpot_observed
         self.tpot_observed = tpot if observed is None else observed + 0.1 * (tpot - observed)
+        self.observed_at = now
         at_end = self.stretch(decoding, now)
         stretch = (stretch_before + at_end) / 2
         stretched = since is not None and self._stretched_at >= since

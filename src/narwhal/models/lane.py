@@ -75,10 +75,21 @@ class PrefillLane:
         for prompt in self._prompts.values():
             yield prompt.tokens, prompt.remaining, prompt.placed_at
 
+    def tokens(self) -> int:
+        """Prompt tokens of every prefill in the lane (what they hold in KV, or will)."""
+        return sum(prompt.tokens for prompt in self._prompts.values())
+
+    def waiting_tokens(self) -> int:
+        """Prompt tokens of the prefills not started yet (no KV allocated for them)."""
+        return sum(p.tokens for p in self._prompts.values() if p.remaining == p.tokens)
+
     def add(self, key: object, tokens: int, now: float) -> None:
         self.remove(key)
-        if not self._prompts:
-            self._step_start = now  # an idle engine starts a step for it at once
+        first = next(iter(self._prompts.values()), None)
+        if first is None or first.placed_at > self._step_start:
+            # No prefill in the step in progress (the engine idles or only decodes, in
+            # steps of milliseconds): a step with this prompt starts at once.
+            self._step_start = now
         tokens = max(1, tokens)
         self._prompts[key] = _Prompt(tokens, tokens, now)
 

@@ -64,6 +64,8 @@ class Profile:
     samples: int
     source: Source
     kind: Literal["probes", "reprofile"] = "probes"
+    # A re-profile: what the probes measured against the profile before (1 = unchanged).
+    rescaled: tuple[float, float] = (1.0, 1.0)  # prefill, TPOT
 
     def view(self, now: float) -> dict[str, Any]:
         """The profile as /admin/engines shows it."""
@@ -76,6 +78,7 @@ class Profile:
             "samples": self.samples,
             "source": self.source,
             "kind": self.kind,
+            "rescaled": {"prefill": self.rescaled[0], "tpot": self.rescaled[1]},
             "prefill_s": {
                 "base": a,
                 "per_1k_tokens": b,
@@ -167,6 +170,7 @@ def rescale(
         samples=len(samples),
         source=profile.source,
         kind="reprofile",
+        rescaled=(k_prefill, k_tpot),
     )
 
 

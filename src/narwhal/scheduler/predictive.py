@@ -48,7 +48,16 @@ def decoding_on(entry: EngineEntry) -> float:
 def prefill_part(entry: EngineEntry, model: EngineModel, prompt_tokens: int, now: float) -> float:
     """Seconds until the prompt's prefill would be done on the engine (its step-by-step
     lane), placed now."""
-    return model.ttft(prompt_tokens, decoding_on(entry), now)
+    sequences = max(entry.load.in_flight, _engine_running(entry))
+    scrape = entry.scrape
+    kv_usage = None if scrape is None else scrape.kv_usage
+    return model.ttft(prompt_tokens, decoding_on(entry), now, sequences, kv_usage)
+
+
+def _engine_running(entry: EngineEntry) -> int:
+    """Requests the engine's metrics say it runs (another router's included)."""
+    scrape = entry.scrape
+    return int(scrape.running or 0) if scrape is not None else 0
 
 
 def decode_work(
