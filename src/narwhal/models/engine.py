@@ -65,6 +65,7 @@ _RATE_TAU_S: Final = 2.0
 # KV cache: its size is learned while it is at least this full (a prefill the cache has
 # no room for waits for decodes to free it: vLLM admits no prompt it has no blocks for).
 _KV_LEARN_FROM: Final = 0.3
+_KV_HEADROOM: Final = 0.9  # the share of the cache placement fills
 # TPOT observed where prefill stretched decode steps more than this is not learned from.
 _MAX_LEARNED_STRETCH: Final = 2.0  # the prefill-rate average's time constant
 
@@ -264,7 +265,12 @@ class EngineModel:
         # In use: what the engine said (up to a probe interval old), or what Narwhal has
         # placed there since, whichever is more.
         in_use = max(kv_usage * capacity, held - self.lane.waiting_tokens())
-        needed = prompt_tokens + self.lane.waiting_tokens() - (capacity - in_use)
+        # The decodes there grow into the cache as they produce: a prompt is placed only
+        # where it leaves them room, since a cache that overflows preempts sequences,
+        # whose prefill is done again ahead of everyone's (hidden work the lane cannot
+        # see) as vLLM's recompute preemption does.
+        room = _KV_HEADROOM * capacity - in_use
+        needed = prompt_tokens + self.lane.waiting_tokens() - room
         if needed <= 0:
             return 0.0
         tokens = self.decoding.tokens_until_freed(needed, now)
