@@ -125,6 +125,12 @@ class RouterMetrics:
             buckets=(0.02, 0.05, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0, 2.0),
             registry=r,
         )
+        self.refusal_latency = Histogram(
+            "narwhal_refusal_latency_seconds",
+            "Predictive admission: time from a request's arrival to its 429 refusal.",
+            buckets=(0.0005, 0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.02, 0.05, 0.1, 0.5),
+            registry=r,
+        )
         self.admission_wait = Histogram(
             "narwhal_admission_wait_seconds",
             "Time from admission to a prefill slot (zero when one was free).",

@@ -83,9 +83,12 @@ class CompletionFront:
             return response
         except NarwhalError as error:
             outcome = error.outcome
-            if error.outcome == "invalid":
+            if outcome == "invalid":
                 metrics.invalid_requests.inc()
-            return error_response(error, request_id)
+            response = error_response(error, request_id)
+            if outcome == "refused":
+                metrics.refusal_latency.observe(time.monotonic() - arrived)
+            return response
         except BodyLate:
             metrics.unsized_offered.inc()
             metrics.expired.labels("deadline_before_headers").inc()
