@@ -35,6 +35,7 @@ import json
 import math
 import re
 import sys
+import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -66,6 +67,8 @@ class Run:
     summary: dict[str, Any]
     metrics: dict[str, float] = field(default_factory=dict)  # router counters, deltas
     histogram: list[tuple[float, float]] = field(default_factory=list)  # prediction error
+    refusal_histogram: list[tuple[float, float]] = field(default_factory=list)  # server side
+    health_ms: list[float] = field(default_factory=list)  # GET /health latency meanwhile
 
     @property
     def admission(self) -> dict[str, Any]:
@@ -99,7 +102,13 @@ def router_config(
         "serving": {"host": HOST, "port": 0, "max_retained": GENEROUS, "request_timeout_s": 600},
         "admission": admission,
         "engines": [
-            {"name": name, "url": sim.url, "dialect": "vllm", "role": role}
+            {
+                "name": name,
+                "url": sim.url,
+                "dialect": "vllm",
+                "role": role,
+                "max_num_batched_tokens": STEP_BUDGET[0],
+            }
             for name, sim, role in sims
         ],
     }
@@ -120,18 +129,48 @@ def scrape(router: Server) -> dict[str, float]:
     return values
 
 
-_BUCKET = re.compile(r'narwhal_ttft_prediction_error_ratio_bucket\{le="([^"]+)"\}')
-
-
-def error_histogram(before: dict[str, float], after: dict[str, float]) -> list[tuple[float, float]]:
-    """(upper bound, cumulative count) of the prediction-error histogram over a run."""
+def histogram_delta(
+    name: str, before: dict[str, float], after: dict[str, float]
+) -> list[tuple[float, float]]:
+    """(upper bound, cumulative count) of histogram `name` over a run."""
+    pattern = re.compile(re.escape(name) + r'_bucket\{le="([^"]+)"\}')
     buckets = []
-    for name, value in after.items():
-        match = _BUCKET.fullmatch(name)
+    for name_, value in after.items():
+        match = pattern.fullmatch(name_)
         if match:
             bound = math.inf if match.group(1) == "+Inf" else float(match.group(1))
-            buckets.append((bound, value - before.get(name, 0.0)))
+            buckets.append((bound, value - before.get(name_, 0.0)))
     return sorted(buckets)
+
+
+class HealthProbe:
+    """GET /health every `every_s` in a thread while a run goes: the latency of the
+    cheapest request the router answers, which is what the machine's scheduling adds to
+    any answer under this load (the floor a refusal's latency is read against)."""
+
+    def __init__(self, url: str, every_s: float = 0.02) -> None:
+        self._url = url + "/health"
+        self._every = every_s
+        self._stop = threading.Event()
+        self.latencies_ms: list[float] = []
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> HealthProbe:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(5)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._every):
+            started = time.perf_counter()
+            try:
+                harness.http_get_text(self._url, timeout_s=2)
+            except OSError:
+                continue
+            self.latencies_ms.append(1e3 * (time.perf_counter() - started))
 
 
 def _histogram_quantile(buckets: list[tuple[float, float]], q: float) -> float:
@@ -194,9 +233,13 @@ def bench(
     return run.summary
 
 
+STEP_BUDGET = [8192]  # the sims' --max-num-batched-tokens (set from --step-budget)
+
+
 def start_fleet(procs: Processes, tag: str, flags: Sequence[Sequence[str]]) -> list[Server]:
+    budget = ("--max-num-batched-tokens", str(STEP_BUDGET[0]))
     return [
-        procs.sim(f"sim{i}-{tag}", *SIM_FLAGS, "--seed", str(i), *extra)
+        procs.sim(f"sim{i}-{tag}", *SIM_FLAGS, *budget, "--seed", str(i), *extra)
         for i, extra in enumerate(flags)
     ]
 
@@ -219,12 +262,21 @@ def run_once(
     )
     router = procs.router(f"narwhal-{tag}", config)
     before = scrape(router)
-    summary = bench(procs, router, tag, rate, requests, args)
+    with HealthProbe(router.url) as probe:
+        summary = bench(procs, router, tag, rate, requests, args)
     after = scrape(router)
     procs.stop(router)
     for sim in sims:
         procs.stop(sim)
-    run = Run(policy, level, rate, summary, histogram=error_histogram(before, after))
+    run = Run(
+        policy,
+        level,
+        rate,
+        summary,
+        histogram=histogram_delta("narwhal_ttft_prediction_error_ratio", before, after),
+        refusal_histogram=histogram_delta("narwhal_refusal_latency_seconds", before, after),
+        health_ms=probe.latencies_ms,
+    )
     run.metrics = {k: after[k] - before.get(k, 0.0) for k in after if "_total" in k}
     a = run.admission
     harness.log(
@@ -235,7 +287,7 @@ def run_once(
     return run
 
 
-def fleet_capacity(engines: int) -> float:
+def fleet_capacity(engines: int, budget: int = 8192) -> float:
     """The fleet's capacity for this workload, from the sims' performance model: it is
     prefill-bound (outputs are short next to what 256 decoding slots can carry), so an
     engine serves `PREFILL_TOKENS_PER_S / (mean prompt + per-request overhead)` requests
@@ -245,7 +297,7 @@ def fleet_capacity(engines: int) -> float:
     same figure measured."""
     mean_prompt = sum(int(x) for x in PROMPTS.split(":")) / 2
     step = 0.006 + 0.00008 * 50
-    overhead = 0.002 + step * mean_prompt / 8192
+    overhead = 0.002 + step * mean_prompt / budget
     return engines / (mean_prompt / PREFILL_TOKENS_PER_S + overhead)
 
 
@@ -277,7 +329,8 @@ HEADERS = [
     "admitted within budget",
     "goodput req/s",
     "TTFT p50 / p99 ms (admitted)",
-    "refusal p99 ms",
+    "refusal p50 / p99 ms (client; router)",
+    "GET /health p99 ms",
     "projection error p50 / p90",
 ]
 
@@ -287,6 +340,15 @@ def row(run: Run) -> list[str]:
     s = run.summary
     ttft = s["ttft_s"]
     refusal = a["refusal_latency_s"]
+    refusals = "-"
+    if refusal.get("count"):
+        inside = _histogram_quantile(run.refusal_histogram, 0.99)
+        refusals = (
+            f"{fmt(1e3 * refusal['p50'], 1)} / {fmt(1e3 * refusal['p99'], 1)}; "
+            f"p99 {fmt(1e3 * inside, 1)}"
+        )
+    health = sorted(run.health_ms)
+    floor = fmt(health[int(0.99 * (len(health) - 1))], 1) if health else "-"
     error = "-"
     if run.policy == "predictive":
         error = f"{100 * run.error_quantile(0.5):.0f}% / {100 * run.error_quantile(0.9):.0f}%"
@@ -300,7 +362,8 @@ def row(run: Run) -> list[str]:
         f"{100 * (a['admitted_attainment'] or 0):.1f}%",
         fmt(float(s["goodput_per_s"]), 2),
         f"{fmt(1e3 * ttft['p50'], 0)} / {fmt(1e3 * ttft['p99'], 0)}",
-        fmt(1e3 * refusal["p99"], 1) if refusal.get("count") else "-",
+        refusals,
+        floor,
         error,
     ]
 
@@ -478,6 +541,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--drift-rate", type=float, default=6.0, help="drift run req/s")
     parser.add_argument("--drift-seconds", type=float, default=90.0)
     parser.add_argument("--skip-extra", action="store_true", help="no hetero / drift runs")
+    parser.add_argument(
+        "--step-budget", type=int, default=8192, help="the sims' --max-num-batched-tokens"
+    )
+    parser.add_argument("--policies", default=",".join(POLICIES), help="which to run")
     parser.add_argument("--quick", action="store_true", help="fewer requests, levels 1,2")
     parser.add_argument("--json", metavar="OUT")
     parser.add_argument("--plot", metavar="DIR")
@@ -487,14 +554,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.requests, args.tune_requests = 300, 300
         args.levels, args.drift_seconds = "1,2", 60.0
     levels = [float(x) for x in args.levels.split(",")]
+    policies = args.policies.split(",")
+    STEP_BUDGET[0] = args.step_budget
     started = time.monotonic()
     revision = harness.narwhal_revision()
     runs: list[Run] = []
     with Processes(keep_logs=args.keep_logs) as procs:
-        capacity = fleet_capacity(args.engines)
-        depth, trials = tune_queue(procs, capacity, args)
+        capacity = fleet_capacity(args.engines, args.step_budget)
+        depth, trials = tune_queue(procs, capacity, args) if "queue" in policies else (0, [])
         for level in levels:
-            for policy in POLICIES:
+            for policy in policies:
                 runs.append(
                     run_once(
                         procs,
@@ -514,7 +583,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(
         f"\n## Admission under overload: {args.engines} sims (both roles, time-scale 1), "
         f"prompts {PROMPTS} tokens, outputs {OUTPUTS} (ignore_eos), Poisson arrivals, "
-        f"{args.requests} requests per run, TTFT budget {args.budget:g} s"
+        f"{args.requests} requests per run, TTFT budget {args.budget:g} s, "
+        f"step budget {args.step_budget} tokens"
     )
     print("\n" + harness.stamp(revision) + "\n")
     print(f"capacity (prefill-bound, from the sims' model): {capacity:.2f} req/s")
@@ -617,6 +687,14 @@ def _targets(runs: list[Run]) -> str:
         )
     if p2:
         p99 = p2.admission["refusal_latency_s"].get("p99")
+        inside = _histogram_quantile(p2.refusal_histogram, 0.99)
+        health = sorted(p2.health_ms)
+        if health:
+            floor = health[int(0.99 * (len(health) - 1))]
+            lines.append(
+                f"- refusal latency p99 at 2x inside the router (arrival to the 429): "
+                f"{1e3 * inside:.1f} ms; GET /health p99 meanwhile {floor:.1f} ms"
+            )
         if p99 is not None:
             lines.append(
                 f"- refusal latency p99 at 2x < 10 ms: {1e3 * p99:.1f} ms "
