@@ -47,7 +47,7 @@ def backlog(registry: EngineRegistry, name: str, seconds: float) -> None:
     model = registry.entries[name].model
     assert model is not None
     alone = model.solo
-    model.ttft = lambda tokens, decoding, now: seconds + alone(tokens)  # type: ignore[method-assign]
+    model.ttft = lambda tokens, *_: seconds + alone(tokens)  # type: ignore[method-assign]
 
 
 def test_a_prompt_that_fits_an_idle_fleet_is_admitted_with_its_projection() -> None:
