@@ -228,15 +228,28 @@ class Dispatcher:
         if lengths is None:
             return PlacementRequest.sized(request.route, context.prompt_tokens, request.max_tokens)
         budget = self._config.admission.ttft_target_s
+        cap = request.max_tokens
+        context_len = self._context_len()
+        if context_len is not None:
+            # The output cannot run past the model's context, whatever max_tokens says.
+            room = max(1, context_len - context.prompt_tokens)
+            cap = room if cap is None else min(cap, room)
         return PlacementRequest(
             route=request.route,
             prompt_tokens=context.prompt_tokens,
-            max_tokens=request.max_tokens,
-            predicted_output=lengths.predict(
-                request.route, context.prompt_tokens, request.max_tokens
-            ),
+            max_tokens=cap,
+            predicted_output=lengths.predict(request.route, context.prompt_tokens, cap),
             ttft_due=context.arrived + budget,
         )
+
+    def _context_len(self) -> int | None:
+        """The model's context length, as the engines' /v1/models gave it (the smallest)."""
+        known = [
+            entry.health.max_model_len
+            for entry in self.registry.entries.values()
+            if entry.health is not None and entry.health.max_model_len is not None
+        ]
+        return min(known) if known else None
 
     def release(self, ticket: Ticket) -> None:
         """The request is over: its slots, placement and retention go back."""

@@ -65,6 +65,8 @@ async def test_engines_are_profiled_from_token_ids_before_they_take_work(
         # from four probes finds it.
         assert profile["prefill_s"]["per_1k_tokens"] == pytest.approx(0.05, rel=0.25)
         assert profile["decode_step_s"]["base"] == pytest.approx(0.006, rel=0.5)
+        # The model's context, which caps a request's expected output, from /v1/models.
+        assert engine["monitoring"]["max_model_len"] == 32768
         reply = await send(router.url, chat("Hello"))
         assert reply.status == 200, reply.raw
         values = await metrics_of(router.url)

@@ -72,6 +72,7 @@ async def test_start_checks_every_engine_before_returning(
         "scrape_age_s": None,
         "metrics": "ok",
         "serves_model": None,  # no model configured for this monitor: not checked
+        "max_model_len": None,
         "version": None,  # this engine has no /version
         "supplies_token_ids": None,
     }

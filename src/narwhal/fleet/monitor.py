@@ -151,6 +151,7 @@ class FleetMonitor:
             "scrape_age_s": None if age is None else round(age, 3),
             "metrics": state.metrics_state(),
             "serves_model": state.serves_model,
+            "max_model_len": state.max_model_len,
             "version": state.version,
             "supplies_token_ids": state.supplies_token_ids,
         }
@@ -214,6 +215,7 @@ class FleetMonitor:
                 ", ".join(sorted(models)) or "nothing",
             )
         engine.state.serves_model = serves
+        engine.state.max_model_len = models.get(self._model) if self._model in models else None
 
     async def _check_version(self, engine: _Engine) -> None:
         """A vLLM older than `return_token_ids` sends no IDs (PROTOCOL.md: the dialect

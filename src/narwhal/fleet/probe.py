@@ -81,13 +81,20 @@ async def scrape_metrics(
 
 async def list_models(
     session: aiohttp.ClientSession, base_url: str, per_request: aiohttp.ClientTimeout
-) -> frozenset[str] | None:
-    """The model ids of the engine's GET /v1/models, or None when it cannot tell."""
+) -> dict[str, int | None] | None:
+    """The model ids of the engine's GET /v1/models, each with its context length when
+    the card says (vLLM's `max_model_len`), or None when it cannot tell."""
     body = await _get_json(session, base_url + "/v1/models", per_request)
     data = body.get("data") if isinstance(body, dict) else None
     if not isinstance(data, list):
         return None
-    return frozenset(m["id"] for m in data if isinstance(m, dict) and isinstance(m.get("id"), str))
+    models: dict[str, int | None] = {}
+    for card in data:
+        if isinstance(card, dict) and isinstance(card.get("id"), str):
+            context = card.get("max_model_len")
+            valid = type(context) is int and context > 0
+            models[card["id"]] = context if valid else None
+    return models
 
 
 async def engine_version(

@@ -80,6 +80,8 @@ class EngineHealth:
     # Whether GET /v1/models lists the configured model: None while unknown (not checked,
     # or the engine has no usable list), False keeps the engine out of placement.
     serves_model: bool | None = None
+    # The configured model's context length, when the engine's /v1/models says it.
+    max_model_len: int | None = None
     # The version from GET /version (vLLM), once read: None while unknown.
     version: str | None = None
     # False for a vLLM older than return_token_ids (0.10.2): it sends no token IDs, so
