@@ -15,6 +15,7 @@ from collections import Counter
 from typing import Any
 
 import aiohttp
+import pytest
 
 from tests.e2e.conftest import MODEL, settle, sim_process
 from tests.e2e.test_admission import GAUGES, quiescent
@@ -62,7 +63,10 @@ def _request(rng: random.Random, i: int) -> tuple[str, bytes, dict[str, str], bo
     return path, raw, headers, stream
 
 
-async def test_every_request_is_answered_truthfully_and_released() -> None:
+@pytest.mark.parametrize("mode", ["open", "predictive"])
+async def test_every_request_is_answered_truthfully_and_released(mode: str) -> None:
+    """In predictive mode also: every engine profiled again after its restart, and the
+    models hold nothing afterwards (no prefill left in a lane, no decode in a book)."""
     rng = random.Random(11)
     with (
         sim_process("--time-scale", "0.3", "--seed", "1") as vllm,
@@ -75,7 +79,8 @@ async def test_every_request_is_answered_truthfully_and_released() -> None:
                 {"name": "g0", "url": sglang.url, "dialect": "sglang", "role": "both"},
             ],
             "admission": {
-                "mode": "open",
+                "mode": mode,
+                "ttft_target_s": 5.0,
                 "queue_limit": 40,
                 "wait_timeout_s": 1.0,
                 "phase_concurrency": {"prefill": 24, "decode": 64},
@@ -101,6 +106,10 @@ async def test_every_request_is_answered_truthfully_and_released() -> None:
     )
     for engine in engines:
         assert engine["scores"]["prefilling"] == engine["scores"]["decoding"] == 0, engine
+        if mode == "predictive":
+            assert engine["profiling"]["state"] == "profiled", engine
+            assert engine["scores"]["backlog_s"] == 0, engine
+            assert engine["scores"]["decode_work_tokens"] == 0, engine
 
 
 async def _run(
