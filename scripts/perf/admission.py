@@ -188,6 +188,21 @@ def _histogram_quantile(buckets: list[tuple[float, float]], q: float) -> float:
     return lower_bound
 
 
+def workload(
+    args: argparse.Namespace,
+    requests: int,
+    duration: float,
+    prompts: str = PROMPTS,
+    outputs: str = OUTPUTS,
+) -> list[str]:
+    """`narwhal bench` flags for the workload: requests, lengths, seed, budget, bounds."""
+    return [
+        *("-n", str(requests), "--seed", str(args.seed)),
+        *("--prompt-tokens", prompts, "--max-tokens", outputs, "--ignore-eos"),
+        *("--slo-ttft", str(args.budget), "--timeout", "300", "--duration", f"{duration:.0f}"),
+    ]
+
+
 def bench(
     procs: Processes,
     router: Server,
@@ -201,25 +216,7 @@ def bench(
 ) -> dict[str, Any]:
     load = ["--rate", f"{rate:.3f}"] if rate is not None else ["-c", str(concurrency or 64)]
     duration = (1.5 * requests / rate + 60) if rate else 600.0
-    bench_args = [
-        *load,
-        "-n",
-        str(requests),
-        "--seed",
-        str(args.seed),
-        "--prompt-tokens",
-        PROMPTS,
-        "--max-tokens",
-        OUTPUTS,
-        "--ignore-eos",
-        "--slo-ttft",
-        str(args.budget),
-        "--timeout",
-        "300",
-        "--duration",
-        f"{duration:.0f}",
-        *extra,
-    ]
+    bench_args = [*load, *workload(args, requests, duration), *extra]
     run = harness.run_bench(
         tag,
         [router.url],
@@ -422,28 +419,11 @@ def drift(procs: Processes, args: argparse.Namespace) -> dict[str, Any]:
         samples.append(point)
         return {}
 
+    duration = args.drift_seconds + 30
     harness.run_bench(
         "drift",
         [router.url],
-        [
-            "--rate",
-            f"{rate:.3f}",
-            "-n",
-            str(requests),
-            "--seed",
-            str(args.seed),
-            "--prompt-tokens",
-            "256:2048",
-            "--max-tokens",
-            "64:256",
-            "--ignore-eos",
-            "--slo-ttft",
-            str(args.budget),
-            "--timeout",
-            "300",
-            "--duration",
-            f"{args.drift_seconds + 30:.0f}",
-        ],
+        ["--rate", f"{rate:.3f}", *workload(args, requests, duration, "256:2048", "64:256")],
         watch=[router],
         router=router,
         warmup=args.warmup,
