@@ -2,11 +2,15 @@
 
 What placement and the predictive check ask of an engine, with `now` passed in:
 
-    service(prompt, decoding)   seconds this prompt's prefill takes (nothing ahead)
+    ttft(prompt, ...)           seconds until a prompt placed now has its first token:
+                                the lane's steps, or longer while every sequence slot
+                                or the KV cache's room is taken (until decodes finish)
+    service(prompt, decoding)   seconds this prompt's prefill takes alone
     backlog(now)                seconds of prefill work Narwhal has placed there, left
     tpot(decoding)              seconds per output token for a request decoding there
     first_step(prompt)          decode engines: the KV transfer and first step
-    score                       drift: how much slower than its profile it is (> 0)
+    drift, penalty              how much slower than its profile it is (> 0), and the
+                                cost multiplier placement applies for it
 
 What it is told, from the transitions admission makes and from every served request:
 a prefill placed or finished (its measured service time, by the lane's departure rule),
@@ -61,13 +65,14 @@ _HALF_LIFE: Final = 200.0  # samples
 _CLIP: Final = 10.0
 # Drift beyond this (log ratio: 0.3 is about 1.35x slower or faster) re-profiles.
 DRIFT_THRESHOLD: Final = 0.3
-_RATE_TAU_S: Final = 2.0
+_RATE_TAU_S: Final = 2.0  # the prefill-rate averages' time constant
 # KV cache: its size is learned while it is at least this full (a prefill the cache has
 # no room for waits for decodes to free it: vLLM admits no prompt it has no blocks for).
 _KV_LEARN_FROM: Final = 0.3
 _KV_HEADROOM: Final = 0.9  # the share of the cache placement fills
 # TPOT observed where prefill stretched decode steps more than this is not learned from.
-_MAX_LEARNED_STRETCH: Final = 2.0  # the prefill-rate average's time constant
+_MAX_LEARNED_STRETCH: Final = 2.0
+_TTFT_KEPT_S: Final = 0.001
 
 ProfileState = Literal["unprofiled", "profiling", "profiled", "failed"]
 
@@ -152,6 +157,8 @@ class EngineModel:
         self.observed_at = -math.inf  # when a served request last taught the model
         self._pending: dict[object, _Pending] = {}
         self.tpot_observed: float | None = None  # an average of what requests saw
+        self._costs: tuple[tuple[int, int, int], StepCosts] | None = None
+        self._last_ttft: tuple[tuple[object, ...], float, float] | None = None
 
     # --- profile --------------------------------------------------------------------------
 
@@ -214,14 +221,27 @@ class EngineModel:
     def step_costs(self, decoding: float) -> StepCosts:
         """One engine step's costs, from the fits: the decode step (TPOT without prefill)
         is its base; the prefill slope its cost per token; what a prefill alone costs
-        beyond both, its cost per prompt."""
+        beyond both, its cost per prompt. Asked several times a request: kept until the
+        fits or the decode batch change."""
+        key = (int(decoding), self.prefill_fit.version, self.tpot_fit.version)
+        cached = self._costs
+        if cached is not None and cached[0] == key:
+            return cached[1]
+        costs = self._step_costs(decoding)
+        self._costs = (key, costs)
+        return costs
+
+    def _step_costs(self, decoding: float) -> StepCosts:
         t, u, *_ = self.tpot_fit.theta
         base = max(MIN_TPOT_S, t + u * decoding / 100.0)
         a, b, *_ = self.prefill_fit.theta
         per_token = max(b, 0.3 * self._baseline.prefill[1], 0.0) / 1000.0
         per_prompt = max(0.0, a - max(MIN_TPOT_S, t))
-        budget = max(256, self.step_budget - int(decoding))
-        return StepCosts(budget, base, per_token, per_prompt)
+        return StepCosts(self._budget(decoding), base, per_token, per_prompt)
+
+    def _budget(self, decoding: float) -> int:
+        """Prefill tokens a step has: the budget less one per decoding sequence."""
+        return max(256, self.step_budget - int(decoding))
 
     def ttft(
         self,
@@ -233,7 +253,34 @@ class EngineModel:
     ) -> float:
         """Seconds until a prompt placed now would have its first token here;
         `sequences`: the requests the engine holds a sequence slot for already;
-        `kv_usage`: the share of its KV cache in use, as its metrics last said."""
+        `kv_usage`: the share of its KV cache in use, as its metrics last said.
+
+        The check and then placement ask the same question within microseconds: the
+        last answer is kept for a millisecond while nothing it depends on changes."""
+        key = (
+            prompt_tokens,
+            int(decoding),
+            sequences,
+            kv_usage,
+            self.lane.version,
+            self.prefill_fit.version,
+            self.tpot_fit.version,
+        )
+        last = self._last_ttft
+        if last is not None and last[0] == key and 0.0 <= now - last[1] < _TTFT_KEPT_S:
+            return last[2]
+        projected = self._ttft(prompt_tokens, decoding, now, sequences, kv_usage)
+        self._last_ttft = (key, now, projected)
+        return projected
+
+    def _ttft(
+        self,
+        prompt_tokens: int,
+        decoding: float,
+        now: float,
+        sequences: int,
+        kv_usage: float | None,
+    ) -> float:
         costs = self.step_costs(decoding)
         projected, _ = self.lane.project(prompt_tokens, now, costs, self._rate.value(now))
         # Never less than the prompt's own prefill alone.
@@ -254,6 +301,7 @@ class EngineModel:
         """Seconds until the engine's KV cache has room for this prompt and those ahead
         of it: a full cache admits no prefill until decodes finish and free theirs."""
         held = self.decoding.kv_tokens(now) + self.lane.tokens()
+        waiting = self.lane.waiting_tokens()
         if kv_usage >= _KV_LEARN_FROM and held > 0:
             # The cache's size, from what Narwhal's requests hold and the share in use.
             estimate = held / kv_usage
@@ -264,13 +312,13 @@ class EngineModel:
             return 0.0
         # In use: what the engine said (up to a probe interval old), or what Narwhal has
         # placed there since, whichever is more.
-        in_use = max(kv_usage * capacity, held - self.lane.waiting_tokens())
+        in_use = max(kv_usage * capacity, held - waiting)
         # The decodes there grow into the cache as they produce: a prompt is placed only
         # where it leaves them room, since a cache that overflows preempts sequences,
         # whose prefill is done again ahead of everyone's (hidden work the lane cannot
         # see) as vLLM's recompute preemption does.
         room = _KV_HEADROOM * capacity - in_use
-        needed = prompt_tokens + self.lane.waiting_tokens() - room
+        needed = prompt_tokens + waiting - room
         if needed <= 0:
             return 0.0
         tokens = self.decoding.tokens_until_freed(needed, now)
@@ -344,7 +392,7 @@ class EngineModel:
     def prefill_finished(self, key: object, now: float, decoding: float = 0.0) -> float | None:
         """The prefill of `key` finished at `now`: a step ended; learn from it."""
         pending = self._pending.pop(key, None)
-        measured = self.lane.finish(key, now, self.step_costs(decoding).budget)
+        measured = self.lane.finish(key, now, self._budget(decoding))
         if pending is None or measured is None:
             return None
         self.observed_at = now

@@ -21,7 +21,16 @@ from collections.abc import Iterator
 
 
 class DecayedHistogram:
-    __slots__ = ("_counts", "_decay", "_log_ratio", "_lowest", "_scale", "_total", "samples")
+    __slots__ = (
+        "_counts",
+        "_decay",
+        "_log_ratio",
+        "_lowest",
+        "_scale",
+        "_total",
+        "_values",
+        "samples",
+    )
 
     def __init__(
         self, lowest: float, highest: float, *, ratio: float = 2**0.25, half_life: float = 2000.0
@@ -32,6 +41,7 @@ class DecayedHistogram:
         self._log_ratio = math.log(ratio)
         size = math.ceil(math.log(highest / lowest) / self._log_ratio) + 1
         self._counts = [0.0] * size
+        self._values = [self.representative(i) for i in range(size)]  # computed once
         self._decay = 0.5 ** (1.0 / half_life)
         self._scale = 1.0  # the weight the next sample gets (grows as older ones decay)
         self._total = 0.0
@@ -77,9 +87,9 @@ class DecayedHistogram:
         total = self._total
         if total <= 0:
             return
-        for index, count in enumerate(self._counts):
+        for value, count in zip(self._values, self._counts, strict=True):
             if count > 0:
-                yield self.representative(index), count / total
+                yield value, count / total
 
     def quantile(self, q: float) -> float | None:
         """The q-quantile (interpolated inside its bucket); None when empty."""

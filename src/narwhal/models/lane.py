@@ -66,6 +66,7 @@ class PrefillLane:
     _step_done: int = 0  # tokens the last step is known to have finished
     _granted: list[tuple[_Prompt, int]] = field(default_factory=list)
     _last_finish: float = -math.inf  # for the departure rule
+    version: int = 0  # changes with every change to the lane: a cache key
 
     def __len__(self) -> int:
         return len(self._prompts)
@@ -92,10 +93,12 @@ class PrefillLane:
             self._step_start = now
         tokens = max(1, tokens)
         self._prompts[key] = _Prompt(tokens, tokens, now)
+        self.version += 1
 
     def remove(self, key: object) -> None:
         """A prefill that will not finish here (failed, cancelled)."""
-        self._prompts.pop(key, None)
+        if self._prompts.pop(key, None) is not None:
+            self.version += 1
 
     def waited(self, key: object) -> bool:
         """Whether the prompt `key` had work ahead of it on the engine when placed."""
@@ -106,6 +109,7 @@ class PrefillLane:
         """The prefill of `key` finished at `now` (its first token): the step that ended
         then is accounted for; returns its service time (None for an unknown key)."""
         prompt = self._prompts.get(key)
+        self.version += 1
         window = _SAME_STEP_S
         if self._ended_start > -math.inf:
             window = max(window, 0.25 * (self._last_end - self._ended_start))

@@ -45,6 +45,7 @@ class AnchoredLeastSquares:
         "_sxy",
         "_theta",
         "samples",
+        "version",
     )
 
     def __init__(
@@ -68,6 +69,7 @@ class AnchoredLeastSquares:
         self._theta = list(self._prior)
         self._stale = 0  # updates since the last solve
         self.samples = 0
+        self.version = 0  # changes whenever the coefficients may have: a cache key
 
     @property
     def theta(self) -> list[float]:
@@ -99,6 +101,7 @@ class AnchoredLeastSquares:
             sxy[i] = sxy[i] * decay + xi * y
         self.samples += 1
         self._stale += 1
+        self.version += 1
         return True
 
     def reset(self, prior: Sequence[float]) -> None:
@@ -109,6 +112,7 @@ class AnchoredLeastSquares:
         self._theta = list(self._prior)
         self._stale = 0
         self.samples = 0
+        self.version += 1
 
     def _solve(self) -> None:
         self._stale = 0
