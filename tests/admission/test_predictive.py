@@ -26,7 +26,7 @@ def fleet(*roles: str, budget: float = 1.0) -> tuple[PredictiveCheck, EngineRegi
     ]
     registry = EngineRegistry(engines)
     book = ModelBook(registry.entries, ttft_budget_s=budget)
-    probes = [ProbeSample(p, A + B * p / 1000, 0.006, 16) for p in (64, 512, 2048)]
+    probes = [ProbeSample(p, A + B * p / 1000, 0.006) for p in (64, 512, 2048)]
     for name, entry in registry.entries.items():
         entry.model = book.model(name)
         entry.model.install(fit_profile(probes, source="token_ids", wall=0, now=0))

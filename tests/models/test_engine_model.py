@@ -14,7 +14,7 @@ from narwhal.models.profile import ProbeSample, fit_profile
 
 def profiled(a: float = 0.008, b: float = 0.05, tpot: float = 0.006) -> EngineModel:
     model = EngineModel("e")
-    samples = [ProbeSample(p, a + b * p / 1000, tpot, 16) for p in (64, 512, 2048, 64)]
+    samples = [ProbeSample(p, a + b * p / 1000, tpot) for p in (64, 512, 2048, 64)]
     model.install(fit_profile(samples, source="token_ids", wall=0.0, now=0.0))
     return model
 

@@ -205,7 +205,6 @@ class Admission:
         ticket.plan = plan
         ticket.state = TicketState.PREFILL
         ticket.prefill_released = False
-        ticket.placed_at = now
         self.prefill_in_use += 1
         first = plan.first.load
         first.prefilling += 1

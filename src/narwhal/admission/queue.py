@@ -51,7 +51,6 @@ class Ticket:
     excluded: set[str] = field(default_factory=set)
     retrying: bool = False  # admitted already: a full queue does not turn it away
     prefill_released: bool = False  # a P/D pair's prefill engine is done with it
-    placed_at: float = 0.0  # when the current plan was made (monotonic seconds)
     # Predictive admission: the TTFT projected when the request was checked (seconds
     # from `checked_at`), compared with what it turns into at its first token.
     projected_ttft: float | None = None
@@ -67,9 +66,6 @@ class AdmissionQueue:
 
     def __len__(self) -> int:
         return self._size
-
-    def has_room(self) -> bool:
-        return self._size < self.limit
 
     def push(self, ticket: Ticket) -> None:
         """Queue the ticket (the caller has checked the limit, or is re-queueing)."""

@@ -134,7 +134,7 @@ class Profiler:
             up = health is not None and health.healthy
             if not up:
                 if self._was_up.get(name) and model.profiled:
-                    self._forget(entry, model, "the engine went down; profiled again when up")
+                    self._forget(model, "the engine went down; profiled again when up")
                 self._was_up[name] = False
                 continue
             self._was_up[name] = True
@@ -149,7 +149,7 @@ class Profiler:
                 if now - last >= REPROFILE_EVERY_S:
                     self._run(entry, model, reprofile=True)
 
-    def _forget(self, entry: EngineEntry, model: EngineModel, reason: str) -> None:
+    def _forget(self, model: EngineModel, reason: str) -> None:
         model.profile = None
         model.profiling.state = "unprofiled"
         model.profiling.reason = reason
@@ -167,7 +167,6 @@ class Profiler:
         name = entry.name
         state = model.profiling
         state.attempts += 1
-        state.last_attempt_at = time.monotonic()
         try:
             samples, source = await self._probe_all(entry, model)
             now, wall = time.monotonic(), time.time()
@@ -279,7 +278,6 @@ class Profiler:
             prompt_tokens=counted if type(counted) is int and counted > 0 else prompt_tokens,
             ttft_s=tracker.first_output_at - sent,
             tpot_s=tpot,
-            output_tokens=tokens,
             backlog_s=backlog,
             decoding=decoding,
             stretch=stretch,

@@ -84,7 +84,6 @@ class Profiling:
     state: ProfileState = "unprofiled"
     reason: str | None = None
     attempts: int = 0
-    last_attempt_at: float | None = None
     reprofiles: int = 0
     last_reprofile_at: float | None = None
     reprofile_wanted: bool = False

@@ -100,11 +100,6 @@ class PrefillLane:
         if self._prompts.pop(key, None) is not None:
             self.version += 1
 
-    def waited(self, key: object) -> bool:
-        """Whether the prompt `key` had work ahead of it on the engine when placed."""
-        prompt = self._prompts.get(key)
-        return prompt is not None and prompt.placed_at < self._last_finish
-
     def finish(self, key: object, now: float, budget: int) -> float | None:
         """The prefill of `key` finished at `now` (its first token): the step that ended
         then is accounted for; returns its service time (None for an unknown key)."""
@@ -185,7 +180,3 @@ class PrefillLane:
         )
         work_ahead = first_token - (costs.base + tokens * costs.per_token + costs.per_prompt)
         return first_token, max(0.0, work_ahead)
-
-    def clear(self) -> None:
-        self._prompts.clear()
-        self._granted = []

@@ -60,9 +60,6 @@ class OutputLengths:
         self._classes[route][prompt_class(prompt_tokens)].add(float(length))
         self._routes[route].add(float(length))
 
-    def samples(self, route: Route) -> int:
-        return self._routes[route].samples
-
     def _histogram(self, route: Route, prompt_tokens: int) -> DecayedHistogram | None:
         own = self._classes[route][prompt_class(prompt_tokens)]
         if own.samples >= MIN_SAMPLES:
@@ -96,7 +93,3 @@ class OutputLengths:
         if mass <= 0.0:
             return max(1.0, min(room, produced * 0.5))  # past everything seen
         return max(1.0, total / mass)
-
-    def quantile(self, route: Route, q: float) -> float | None:
-        """A quantile of the route's lengths (for reports)."""
-        return self._routes[route].quantile(q)

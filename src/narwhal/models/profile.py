@@ -47,7 +47,6 @@ class ProbeSample:
     prompt_tokens: int
     ttft_s: float
     tpot_s: float | None  # None when the output came in one event
-    output_tokens: int
     # What the engine held when the probe ran (re-profiling happens under load).
     backlog_s: float = 0.0
     decoding: float = 0.0

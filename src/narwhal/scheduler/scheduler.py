@@ -34,9 +34,6 @@ class Plan:
         """The engine that works on the request first (its prefill)."""
         return self.prefill or self.decode
 
-    def engines(self) -> tuple[EngineEntry, ...]:
-        return (self.decode,) if self.prefill is None else (self.prefill, self.decode)
-
     def describe(self) -> str:
         """For logs: "engine d0", or "prefill p0, decode d0"."""
         if self.prefill is None:
