@@ -73,6 +73,26 @@ def test_engines_and_fractional_durations() -> None:
         ),
         (MINIMAL + "fleet: {probe_interval_s: 0}\n", "fleet.probe_interval_s: expected number > 0"),
         (MINIMAL + "fleet: {probe_interval_s: 2, stale_after_s: 1}\n", "fleet.stale_after_s"),
+        (MINIMAL + "ha: {backend: etcd}\n", "ha.endpoints: required when ha.backend is etcd"),
+        (
+            MINIMAL + "ha: {backend: etcd, endpoints: ['127.0.0.1:2379']}\n",
+            "ha.endpoints.0: expected an http:// or https:// URL",
+        ),
+        (
+            MINIMAL + "ha: {backend: etcd, endpoints: ['http://e:2379'], lease_ttl_s: 1.5}\n",
+            "ha.lease_ttl_s: expected int >= 1, got 1.5",
+        ),
+        (
+            MINIMAL + "ha: {backend: etcd, endpoints: ['http://e:2379'], fence_margin_s: 3}\n",
+            "ha.fence_margin_s: must be below ha.lease_ttl_s (3), got 3",
+        ),
+        (
+            MINIMAL
+            + "ha: {backend: etcd, endpoints: ['http://e:2379'], lease_ttl_s: 2,"
+            + " renew_interval_s: 1.9}\n",
+            "ha.renew_interval_s: must be below ha.lease_ttl_s - ha.fence_margin_s (1.8 s)",
+        ),
+        (MINIMAL + "ha: {key: ''}\n", "ha.key: expected string of at least 1 chars"),
         ("- a\n- b\n", "must be a mapping"),
         ("model: [\n", "invalid YAML"),
     ],
@@ -117,14 +137,10 @@ def test_check_config_missing_file(tmp_path: Path) -> None:
     assert "cannot read" in result.stderr
 
 
-def test_serve_refuses_a_high_availability_backend_it_does_not_have(tmp_path: Path) -> None:
-    config = tmp_path / "ha.yaml"
-    config.write_text(MINIMAL + "ha: {backend: etcd, endpoints: ['http://127.0.0.1:2379']}\n")
-    result = subprocess.run(
-        [sys.executable, "-m", "narwhal", "serve", "--config", str(config), "--port", "0"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert result.returncode == 2
-    assert "ha.backend" in result.stderr
+def test_high_availability_defaults_follow_the_lease_ttl() -> None:
+    ha = parse_config(MINIMAL + "ha: {backend: etcd, endpoints: ['http://e:2379']}\n").ha
+    assert (ha.lease_ttl_s, ha.renew_interval, ha.margin) == (3, 1.0, pytest.approx(0.3))
+    ha = parse_config(
+        MINIMAL + "ha: {backend: etcd, endpoints: ['http://e:2379'], lease_ttl_s: 1}\n"
+    ).ha
+    assert (ha.renew_interval, ha.margin) == (pytest.approx(1 / 3), 0.1)

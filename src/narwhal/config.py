@@ -86,10 +86,28 @@ class FleetConfig(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True)
 
 
 class HAConfig(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    """One active router per fleet, elected through an etcd lease (`ha/election.py`)."""
+
     backend: Literal["none", "etcd"] = "none"
-    endpoints: tuple[str, ...] = ()
-    key: str = "/narwhal/leader"
-    lease_ttl_s: PositiveSeconds = 10.0
+    endpoints: tuple[str, ...] = ()  # etcd client URLs, members of one cluster
+    # The leader key; drains and maintenance waves live under "<key>/".
+    key: Annotated[str, Meta(min_length=1)] = "/narwhal/leader"
+    # etcd leases are whole seconds; a standby takes over within ttl + one renewal.
+    lease_ttl_s: PositiveInt = 3
+    # Defaults: a third of the TTL, and a tenth of it (see `renew_interval` and `margin`).
+    renew_interval_s: PositiveSeconds | None = None
+    fence_margin_s: PositiveSeconds | None = None
+    # How this router names itself in the leader key's value (default: host:pid).
+    id: str | None = None
+
+    @property
+    def renew_interval(self) -> float:
+        return self.renew_interval_s or self.lease_ttl_s / 3
+
+    @property
+    def margin(self) -> float:
+        """How long before the lease could expire at etcd the leader fences itself."""
+        return self.fence_margin_s or max(0.1, self.lease_ttl_s / 10)
 
 
 class Config(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
@@ -162,8 +180,31 @@ def _check_combinations(config: Config) -> None:
             "fleet.stale_after_s: must be at least fleet.probe_interval_s "
             f"({config.fleet.probe_interval_s}), got {config.fleet.stale_after_s}"
         )
-    if config.ha.backend == "etcd" and not config.ha.endpoints:
+    _check_ha(config.ha)
+
+
+def _check_ha(ha: HAConfig) -> None:
+    if ha.backend != "etcd":
+        return
+    if not ha.endpoints:
         raise ConfigError("ha.endpoints: required when ha.backend is etcd")
+    for i, endpoint in enumerate(ha.endpoints):
+        url = urlsplit(endpoint)
+        if url.scheme not in ("http", "https") or not url.hostname:
+            raise ConfigError(
+                f"ha.endpoints.{i}: expected an http:// or https:// URL of an etcd client "
+                f"port, got {json.dumps(endpoint)}"
+            )
+    if ha.margin >= ha.lease_ttl_s:
+        raise ConfigError(
+            f"ha.fence_margin_s: must be below ha.lease_ttl_s ({ha.lease_ttl_s}), got {ha.margin:g}"
+        )
+    if ha.renew_interval >= ha.lease_ttl_s - ha.margin:
+        raise ConfigError(
+            "ha.renew_interval_s: must be below ha.lease_ttl_s - ha.fence_margin_s "
+            f"({ha.lease_ttl_s - ha.margin:g} s), so that a renewal comes before the leader "
+            f"fences itself; got {ha.renew_interval:g}"
+        )
 
 
 # --- turning msgspec's validation errors into messages that name the key --------------------

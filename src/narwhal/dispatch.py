@@ -54,6 +54,7 @@ from narwhal.scheduler.placement import PlacementRequest
 from narwhal.scheduler.registry import EngineRegistry
 from narwhal.scheduler.scheduler import Plan, Scheduler
 from narwhal.sizing import PromptSize
+from narwhal.state import RouterState
 
 log = logging.getLogger(__name__)
 _DRAIN_TIMEOUT_S = 1.0
@@ -128,6 +129,10 @@ class StreamLease:
         dispatcher.release(self._ticket)
 
 
+def _unavailable(reason: str) -> RouterUnavailable:
+    return RouterUnavailable(f"This router is not serving requests ({reason}).")
+
+
 class _AttemptFailed(Exception):
     """One attempt failed before headers on `engine`; another placement may serve it."""
 
@@ -146,6 +151,7 @@ class Dispatcher:
         scheduler: Scheduler,
         gate: AdmissionGate,
         clients: Mapping[str, EngineClient],
+        state: RouterState,
         monitor: FleetMonitor | None = None,
         *,
         check: PredictiveCheck | None = None,
@@ -160,41 +166,57 @@ class Dispatcher:
         self.scheduler = scheduler
         self.gate = gate
         self._clients = clients
+        self.state = state
         self.monitor = monitor
         self._check = check
         self._lengths = lengths
         self._prompt_counted = prompt_counted
         for engine in config.engines:  # every engine's series from the start: zeros, not gaps
             metrics.engine_series(engine.name)
+        state.subscribe(self._state_changed)
 
     def capacity_changed(self) -> None:
-        """Placement may have changed (health, drain, maintenance): recompute eligibility and
-        let waiting requests look again."""
+        """Placement may have changed (health, drain, maintenance): recompute eligibility,
+        say whether the whole router is out (maintenance, monitoring), and let waiting
+        requests look again."""
         self.registry.invalidate()
+        state = self.state
+        state.set(
+            "maintenance",
+            "maintenance" if self.registry.whole_fleet_in_maintenance() else None,
+            "every engine's wave is in maintenance",
+        )
+        degraded = self.monitor is not None and self.monitor.monitoring_degraded()
+        state.set(
+            "monitoring",
+            "monitoring_degraded" if degraded else None,
+            "no engine is placeable and monitoring is why",
+        )
         self.gate.reconsider()
 
-    def router_unavailable_reason(self) -> str | None:
-        """Whole-wave maintenance or monitoring-degraded: the router refuses everything."""
-        if self.registry.whole_fleet_in_maintenance():
-            return "maintenance"
-        if self.monitor is not None and self.monitor.monitoring_degraded():
-            return "monitoring_degraded"
-        return None
-
     def readiness(self) -> str | None:
-        reason = self.router_unavailable_reason()
+        reason = self.state.unavailable_reason()
         if reason is not None:
             return reason
         return None if self.scheduler.has_path() else "no_engines"
+
+    def _state_changed(self, reason: str | None) -> None:
+        """The router stopped admitting: the requests still queued get its 503 now rather
+        than waiting for a placement they may no longer be sent to."""
+        if reason is not None:
+            self.gate.refuse_waiting(lambda: _unavailable(reason))
+
+    def _check_state(self) -> None:
+        reason = self.state.unavailable_reason()
+        if reason is not None:
+            raise _unavailable(reason)
 
     async def serve(
         self, request: CompletionRequest, context: RequestContext
     ) -> Assembled | StreamLease:
         """Admit, place and start one request. Before response headers every failure is
         raised as a NarwhalError; a `StreamLease` must be finished by the caller."""
-        reason = self.router_unavailable_reason()
-        if reason is not None:
-            raise RouterUnavailable(f"This router is not serving requests ({reason}).")
+        self._check_state()
         if not self.scheduler.has_path():
             raise BackendUnavailable("No placement-eligible engine serves this request.")
         loop = asyncio.get_running_loop()
@@ -269,6 +291,9 @@ class Dispatcher:
                     await self.gate.retry(ticket, last.engine, deadline)
             except Unplaceable:
                 break
+            # Leadership (or maintenance) may have been lost while the request waited:
+            # nothing goes to an engine unless this router may admit at this instant.
+            self._check_state()
             plan = ticket.plan
             assert plan is not None, "admitted without a placement"
             try:

@@ -10,9 +10,17 @@ engine), the learning listener on admission's transitions, the projecting scorer
 (unless `fleet.policy: round_robin`), the predictive check, the profiler (an engine is
 placeable once profiled) and prompt sizing by the engines' tokenize endpoints. `open`
 builds none of them: placement by in-flight work, as before.
+
+`ha.backend: etcd` adds the leadership (`ha/leadership.py`) last: a router campaigns only
+once its engines are monitored and profiled, so the standby that takes over is warm; until
+it wins it refuses traffic as `standby`. The operator state (drains, maintenance waves)
+then lives in etcd under the fleet's key.
 """
 
 from __future__ import annotations
+
+import os
+import socket
 
 import aiohttp
 from aiohttp import web
@@ -31,9 +39,13 @@ from narwhal.engines.client import EngineClient
 from narwhal.engines.profiling import Profiler
 from narwhal.engines.upstream import UpstreamPool
 from narwhal.fleet.monitor import FleetMonitor
+from narwhal.ha.election import Timing
+from narwhal.ha.etcd import EtcdClient
+from narwhal.ha.leadership import Leadership
 from narwhal.metrics import RouterMetrics
 from narwhal.models.book import ModelBook
 from narwhal.models.metrics import ModelCollector
+from narwhal.operator_state import OperatorState
 from narwhal.scheduler.learning import PlacementLearning
 from narwhal.scheduler.predictive import ProjectingScorer, decoding_on
 from narwhal.scheduler.registry import EngineEntry, EngineRegistry
@@ -49,7 +61,9 @@ class Router:
     def __init__(self, config: Config) -> None:
         self.config = config
         self.metrics = RouterMetrics()
-        self.state = RouterState()
+        ha = config.ha.backend == "etcd"
+        # With HA, refuse from the first instant: leadership is proven, never assumed.
+        self.state = RouterState(self.metrics.registry, {"ha": "standby"} if ha else None)
         self.registry = EngineRegistry(config.engines)
         admission = config.admission
         predictive = admission.mode == "predictive"
@@ -108,6 +122,7 @@ class Router:
             self.scheduler,
             self.gate,
             self.clients,
+            self.state,
             check=check,
             lengths=None if self.book is None else self.book.lengths,
             prompt_counted=self.sizer.observe_engine_prompt_tokens,
@@ -116,12 +131,14 @@ class Router:
         front = CompletionFront(config, self.metrics, self.dispatcher, self.sizer, self.state)
         ops = OpsRoutes(config.model, self.metrics, self.dispatcher, self.state)
         self.app: web.Application = build_app(front, ops, config.serving.max_request_bytes)
-        AdminRoutes(self.dispatcher, self.report, config.serving.admin_token).add_to(self.app)
+        self.operator = OperatorState(self.registry, self.dispatcher.capacity_changed)
+        AdminRoutes(self.operator, self.report, config.serving.admin_token).add_to(self.app)
         self.app.on_startup.append(self._on_startup)
         self.app.on_cleanup.append(self._on_cleanup)
         self._session: aiohttp.ClientSession | None = None  # fleet probes, tokenize calls
         self.monitor: FleetMonitor | None = None
         self.profiler: Profiler | None = None
+        self.leadership: Leadership | None = None
 
     async def _on_startup(self, app: web.Application) -> None:
         session = self._session = aiohttp.ClientSession(
@@ -143,6 +160,7 @@ class Router:
         self.dispatcher.monitor = self.report.monitor = self.monitor = monitor
         self.sizer.attach_remote(EngineTokenizer(session, self._tokenize_candidates))
         await monitor.start()
+        self.dispatcher.capacity_changed()  # the state of maintenance and monitoring
         if self.book is not None:
             self.profiler = Profiler(
                 self.registry,
@@ -151,8 +169,33 @@ class Router:
                 changed=self.dispatcher.capacity_changed,
             )
             await self.profiler.start(PROFILE_WAIT_S)
+        if self.config.ha.backend == "etcd":
+            await self._start_leadership(session)
+
+    async def _start_leadership(self, session: aiohttp.ClientSession) -> None:
+        ha = self.config.ha
+        timing = Timing(
+            ttl_s=ha.lease_ttl_s,
+            renew_interval_s=ha.renew_interval,
+            margin_s=ha.margin,
+            retry_s=ha.renew_interval / 4,
+        )
+        # One etcd call never outlasts a renewal interval: a renewal that late is useless.
+        client = EtcdClient(ha.endpoints, session, timeout_s=ha.renew_interval)
+        self.operator.share(client, ha.key)
+        identity = ha.id or f"{socket.gethostname()}:{os.getpid()}"
+        self.leadership = Leadership(client, timing, ha.key, identity, self.state, self.operator)
+        await self.leadership.start()
+
+    async def stop_admitting(self) -> None:
+        """SIGTERM: refuse new work at once and hand leadership to a standby."""
+        self.state.set("shutdown", "shutting_down", "stopping")
+        if self.leadership is not None:
+            await self.leadership.resign()
 
     async def _on_cleanup(self, app: web.Application) -> None:
+        if self.leadership is not None:
+            await self.leadership.close()
         if self.profiler is not None:
             await self.profiler.close()
         if self.monitor is not None:

@@ -55,11 +55,6 @@ def run(args: argparse.Namespace) -> int:
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    if config.ha.backend != "none":
-        # Serving as if active while the operator expects a leader election could put two
-        # active routers in front of one fleet: refuse until high availability exists.
-        print("error: ha.backend: etcd is not supported by this build yet", file=sys.stderr)
-        return 2
     run_event_loop(lambda: serve_forever(_with_serving(config, overrides)))
     return 0
 
@@ -132,7 +127,7 @@ async def serve_forever(config: Config) -> None:
     # Graceful shutdown: readiness goes false first, then the listener closes, admitted
     # requests get up to serving.drain_timeout_s to finish, and only then do the engine
     # clients close. Requests still running after the drain are cancelled and counted.
-    router.state.set_unavailable("shutting_down")
+    await router.stop_admitting()
     print("narwhal draining", flush=True)
     await runner.cleanup()
 

@@ -131,6 +131,13 @@ class AdmissionGate:
         """The request is over: free whatever it holds (idempotent)."""
         self._wake(self.controller.finish(ticket, self._clock()))
 
+    def refuse_waiting(self, error: Callable[[], Exception]) -> None:
+        """Fail every queued request with `error()` (the router stopped admitting); each
+        leaves the queue as its own handler unwinds and releases it."""
+        for ticket, future in list(self._waiters.items()):
+            if ticket.state is TicketState.QUEUED and not future.done():
+                future.set_exception(error())
+
     def reconsider(self) -> None:
         """Engines came or went: place or fail the waiting requests accordingly."""
         self._wake(self.controller.reconsider(self._clock()))

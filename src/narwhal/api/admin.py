@@ -16,8 +16,8 @@ import msgspec
 from aiohttp import web
 
 from narwhal.api.responses import json_response
-from narwhal.dispatch import Dispatcher
 from narwhal.errors import InvalidRequest, NarwhalError
+from narwhal.operator_state import OperatorState
 
 
 class _Forbidden(NarwhalError):
@@ -35,11 +35,11 @@ class _UnknownEngine(NarwhalError):
 class AdminRoutes:
     def __init__(
         self,
-        dispatcher: Dispatcher,
+        operator: OperatorState,
         report: Callable[[], list[dict[str, Any]]],
         admin_token: str | None,
     ) -> None:
-        self._dispatcher = dispatcher
+        self._operator = operator
         self._report = report
         self._token = admin_token
 
@@ -87,9 +87,8 @@ class AdminRoutes:
 
     async def _set_drained(self, request: web.Request, drained: bool) -> web.Response:
         name = request.match_info["name"]
-        if not self._dispatcher.registry.set_drained(name, drained):
+        if not await self._operator.set_drained(name, drained):
             raise _UnknownEngine(f"No engine named {name!r}.", param="name")
-        self._dispatcher.capacity_changed()
         return json_response({"name": name, "drained": drained})
 
     async def _maintenance(self, request: web.Request) -> web.Response:
@@ -105,10 +104,8 @@ class AdminRoutes:
             raise InvalidRequest("'wave' must be a nonnegative integer.", param="wave")
         if action not in ("start", "end"):
             raise InvalidRequest("'action' must be 'start' or 'end'.", param="action")
-        registry = self._dispatcher.registry
-        registry.set_wave(wave, action == "start")
-        self._dispatcher.capacity_changed()
-        return json_response({"active_waves": sorted(registry.active_waves)})
+        waves = await self._operator.set_wave(wave, action == "start")
+        return json_response({"active_waves": sorted(waves)})
 
 
 def _is_loopback(remote: str | None) -> bool:

@@ -62,6 +62,7 @@ class CompletionFront:
             deadline = arrived + self._timeout(http)
             raw = await read_limited_body(http, self._config.serving.max_request_bytes, deadline)
             parsed = parse_request(raw, route, model=self._config.model)
+            # Cheap refusals first: a router that may not admit says so before sizing.
             reason = self._state.unavailable_reason()
             if reason is not None:
                 raise RouterUnavailable(f"This router is not serving requests ({reason}).")

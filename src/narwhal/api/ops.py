@@ -28,7 +28,7 @@ class OpsRoutes:
         return json_response({"status": "ok"})
 
     async def ready(self, request: web.Request) -> web.Response:
-        reason = self._state.unavailable_reason() or self._service.readiness()
+        reason = self._service.readiness()  # the router state's reason first, then engines
         if reason is not None:
             return json_response({"ready": False, "reason": reason}, status=503)
         return json_response({"ready": True, "role": "active", "revision": self._state.revision})

@@ -1,0 +1,1 @@
+"""High availability: one active router per fleet, elected through an etcd lease."""
