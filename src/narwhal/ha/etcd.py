@@ -26,6 +26,9 @@ import aiohttp
 
 # gRPC status NOT_FOUND: etcd's answer for a lease it does not know.
 _NOT_FOUND = 5
+# The largest answer read from an endpoint: far above any answer these calls get (the
+# operator state is a few keys), so an endpoint that is not etcd cannot fill memory.
+MAX_ANSWER_BYTES = 4 * 1024 * 1024
 
 
 class EtcdUnavailable(Exception):
@@ -170,7 +173,14 @@ class EtcdClient:
 
     async def _post(self, url: str, data: str) -> dict[str, Any]:
         async with self._session.post(url, data=data) as response:
-            raw = await response.read()
+            chunks: list[bytes] = []
+            size = 0
+            async for chunk in response.content.iter_any():
+                size += len(chunk)
+                if size > MAX_ANSWER_BYTES:
+                    raise EtcdUnavailable(f"{url} answered more than {MAX_ANSWER_BYTES} bytes")
+                chunks.append(chunk)
+            raw = b"".join(chunks)
         try:
             answer = json.loads(raw)
         except ValueError:

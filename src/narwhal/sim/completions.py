@@ -86,6 +86,8 @@ class CompletionRoutes:
     async def _plan(self, request: web.Request, chat: bool) -> _Plan:
         runtime = self.runtime
         options = runtime.options
+        if options.arrival_log:
+            _log_arrival(options.arrival_log, request.headers.get("X-Request-Id", "-"))
         body = decode_body(await request.read(), chat, openai_schema=options.dialect == "openai")
         parsed = interpret(body, TOKENIZER)
         if body.model is not None and body.model != options.model:
@@ -292,3 +294,8 @@ def _drop_connection(request: web.Request) -> None:
     if transport is not None:
         with contextlib.suppress(Exception):
             transport.abort()
+
+
+def _log_arrival(path: str, request_id: str) -> None:
+    with open(path, "a", encoding="utf-8") as log:
+        log.write(f"{time.monotonic():.6f} {request_id}\n")

@@ -123,6 +123,14 @@ class SimOptions:
         ),
     )
 
+    arrival_log: str | None = field(
+        default=None,
+        metadata=_help(
+            "append a line per completion request received: the host's monotonic clock "
+            "(comparable across processes) and its X-Request-Id (for tests of who sent what)"
+        ),
+    )
+
     def __post_init__(self) -> None:
         positive = {
             "max_model_len": self.max_model_len,
