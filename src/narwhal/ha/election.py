@@ -156,6 +156,8 @@ class Election:
             self._next_at = now  # ask at once whether the key is still ours
 
     def granted(self, lease: int, ttl_s: float, sent_at: float, now: float) -> None:
+        if self._resigned:
+            return  # an answer still in flight at shutdown changes nothing
         self._failures = 0
         self.lease = lease
         self._lease_ttl = ttl_s
@@ -165,7 +167,11 @@ class Election:
             self._become("standby", "etcd answers again")
 
     def campaigned(self, won: bool, revision: int, now: float) -> None:
-        """The transaction's answer: `won`, and the key's create revision (ours if won)."""
+        """The transaction's answer. Won: `revision` is the key's create revision (the
+        fencing token). Lost: the store's revision at the transaction, after which the
+        standby watches the key (never older, so compaction cannot have passed it)."""
+        if self._resigned:
+            return
         self._failures = 0
         self._watched = False
         self._next_at = now  # won: renew at once (validity is dated from the grant)
@@ -179,10 +185,12 @@ class Election:
             return
         self._holder_revision = revision
         if self.role != "standby":
-            self._become("standby", f"another router leads (revision {revision})")
+            self._become("standby", f"another router leads (seen at revision {revision})")
 
     def lease_missing(self, now: float) -> None:
         """etcd no longer knows our lease (expired or revoked) for a campaign or renewal."""
+        if self._resigned:
+            return
         self._failures = 0
         self.lease = None
         self._lose("the lease expired at etcd", now)
@@ -196,7 +204,10 @@ class Election:
         now: float,
     ) -> None:
         """A keepalive's answer (`ttl_left` 0: the lease is gone) and the key as read after it."""
+        if self._resigned or self.lease is None or self.revision is None:
+            return  # nothing was being renewed (an answer in flight at shutdown)
         self._failures = 0
+        ttl_left = min(ttl_left, self._lease_ttl)
         if ttl_left <= 0:
             self.lease = None
             self._lose("the lease expired at etcd", now)
@@ -206,7 +217,7 @@ class Election:
             self._valid_until = max(self._valid_until, sent_at + ttl_left - self._timing.margin_s)
             self._lose("the leader key is no longer ours", now)
             return
-        valid = sent_at + min(ttl_left, self._lease_ttl) - self._timing.margin_s
+        valid = sent_at + ttl_left - self._timing.margin_s
         self._valid_until = max(self._valid_until, valid)
         self._next_at = sent_at + self._timing.renew_interval_s
         if self.role != "active" and now < self._valid_until:

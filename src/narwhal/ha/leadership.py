@@ -126,8 +126,7 @@ class Leadership:
             await self._operator.load()  # before serving: drain what the last leader drained
             self.election.campaigned(True, holder.create_revision, self._clock())
             return
-        revision = holder.create_revision if holder is not None else result.revision
-        self.election.campaigned(False, revision, self._clock())
+        self.election.campaigned(False, result.revision, self._clock())
 
     async def _renew(self, action: Renew) -> None:
         sent = self._clock()
