@@ -131,6 +131,17 @@ def test_check_config_prints_the_effective_configuration(tmp_path: Path) -> None
     assert effective["serving"]["max_retained"] == 4096
 
 
+def test_check_config_shows_the_high_availability_timings_it_derived(tmp_path: Path) -> None:
+    good = tmp_path / "ha.yaml"
+    good.write_text(MINIMAL + "ha: {backend: etcd, endpoints: ['http://e:2379'], lease_ttl_s: 6}\n")
+    result = _check_config(good)
+    assert result.returncode == 0, result.stderr
+    ha = yaml.safe_load(result.stdout)["ha"]
+    assert (ha["renew_interval_s"], ha["fence_margin_s"]) == (2.0, pytest.approx(0.6))
+    reread = parse_config(result.stdout).ha  # the printed configuration means the same
+    assert (reread.renew_interval, reread.margin) == (2.0, pytest.approx(0.6))
+
+
 def test_check_config_missing_file(tmp_path: Path) -> None:
     result = _check_config(tmp_path / "absent.yaml")
     assert result.returncode == 2
@@ -143,4 +154,4 @@ def test_high_availability_defaults_follow_the_lease_ttl() -> None:
     ha = parse_config(
         MINIMAL + "ha: {backend: etcd, endpoints: ['http://e:2379'], lease_ttl_s: 1}\n"
     ).ha
-    assert (ha.renew_interval, ha.margin) == (pytest.approx(1 / 3), 0.1)
+    assert (ha.renew_interval, ha.margin) == (0.6, 0.1)

@@ -94,7 +94,7 @@ class HAConfig(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
     key: Annotated[str, Meta(min_length=1)] = "/narwhal/leader"
     # etcd leases are whole seconds; a standby takes over within ttl + one renewal.
     lease_ttl_s: PositiveInt = 3
-    # Defaults: a third of the TTL, and a tenth of it (see `renew_interval` and `margin`).
+    # Defaults: a third of the TTL (at least 0.6 s) and a tenth of it (at least 0.1 s).
     renew_interval_s: PositiveSeconds | None = None
     fence_margin_s: PositiveSeconds | None = None
     # How this router names itself in the leader key's value (default: host:pid).
@@ -102,7 +102,10 @@ class HAConfig(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
 
     @property
     def renew_interval(self) -> float:
-        return self.renew_interval_s or self.lease_ttl_s / 3
+        """etcd deletes an expired lease's keys in a sweep every 500 ms, so a standby can
+        win up to ttl + 0.5 s after the leader's last renewal; renewing no more often than
+        every 0.6 s keeps the takeover within ttl + one renewal interval at every TTL."""
+        return self.renew_interval_s or max(self.lease_ttl_s / 3, 0.6)
 
     @property
     def margin(self) -> float:
@@ -153,7 +156,12 @@ def config_from_mapping(raw: object) -> Config:
 
 
 def config_to_builtins(config: Config) -> dict[str, Any]:
+    """The configuration as plain data, with the defaults derived from other keys resolved
+    (what the router will use, not null)."""
     result: dict[str, Any] = msgspec.to_builtins(config)
+    if config.ha.backend == "etcd":
+        result["ha"]["renew_interval_s"] = config.ha.renew_interval
+        result["ha"]["fence_margin_s"] = config.ha.margin
     return result
 
 
