@@ -42,6 +42,7 @@ from narwhal.fleet.monitor import FleetMonitor
 from narwhal.ha.election import Timing
 from narwhal.ha.etcd import EtcdClient
 from narwhal.ha.leadership import Leadership
+from narwhal.loop_monitor import LoopMonitor
 from narwhal.metrics import RouterMetrics
 from narwhal.models.book import ModelBook
 from narwhal.models.metrics import ModelCollector
@@ -139,8 +140,10 @@ class Router:
         self.monitor: FleetMonitor | None = None
         self.profiler: Profiler | None = None
         self.leadership: Leadership | None = None
+        self.loop_monitor = LoopMonitor(self.metrics.registry)
 
     async def _on_startup(self, app: web.Application) -> None:
+        await self.loop_monitor.start()
         session = self._session = aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=30),
             timeout=aiohttp.ClientTimeout(total=None, sock_connect=5),
@@ -194,6 +197,7 @@ class Router:
             await self.leadership.resign()
 
     async def _on_cleanup(self, app: web.Application) -> None:
+        await self.loop_monitor.close()
         if self.leadership is not None:
             await self.leadership.close()
         if self.profiler is not None:

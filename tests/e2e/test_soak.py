@@ -1,0 +1,21 @@
+"""A bounded soak (60 s; NARWHAL_SOAK_S to change it): nothing lost, nothing leaked.
+
+The traffic, faults and checks are in `tests/soak.py`; `scripts/perf/soak.py` runs the
+same soak for 10 minutes and prints its report.
+"""
+
+from __future__ import annotations
+
+import os
+
+from tests.soak import run_soak, soak_fleet
+
+
+async def test_mixed_traffic_with_hostile_clients_and_engine_restarts_leaks_nothing() -> None:
+    duration = float(os.environ.get("NARWHAL_SOAK_S", "60"))
+    with soak_fleet() as (router, sims):
+        report = await run_soak(router, sims, duration)
+    print(report.summary())
+    assert report.restarts == 3
+    assert report.client["served"] > 100
+    report.check()
