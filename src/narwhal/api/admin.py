@@ -1,8 +1,10 @@
 """Admin routes: the engine registry, drain and undrain, maintenance waves.
 
-They answer only on loopback, or to a request carrying the configured bearer token
-(`serving.admin_token`); anything else gets 403, so a router bound to a public address
-does not hand its fleet to whoever finds the port.
+Without `serving.admin_token` they answer only on loopback (anything else gets 403), so a
+router bound to a public address does not hand its fleet to whoever finds the port. With
+it, every admin request must carry `Authorization: Bearer <token>`, loopback included
+(401 otherwise): behind a sidecar or a reverse proxy on the same host every client is
+loopback. The token is compared in constant time.
 """
 
 from __future__ import annotations
@@ -24,6 +26,12 @@ class _Forbidden(NarwhalError):
     status = 403
     error_type = "permission_error"
     code = "forbidden"
+
+
+class _Unauthorized(NarwhalError):
+    status = 401
+    error_type = "authentication_error"
+    code = "invalid_admin_token"
 
 
 class _UnknownEngine(NarwhalError):
@@ -71,16 +79,21 @@ class AdminRoutes:
             self._authorize(request)
             return await handler(request, *args)
         except NarwhalError as error:
-            return json_response(error.envelope(), status=error.status)
+            response = json_response(error.envelope(), status=error.status)
+            if isinstance(error, _Unauthorized):
+                response.headers["WWW-Authenticate"] = 'Bearer realm="narwhal-admin"'
+            return response
 
     def _authorize(self, request: web.Request) -> None:
         if self._token is not None:
             offered = request.headers.get("Authorization", "")
-            if hmac.compare_digest(offered.encode(), f"Bearer {self._token}".encode()):
+            expected = f"Bearer {self._token}"
+            if hmac.compare_digest(offered.encode(errors="replace"), expected.encode()):
                 return
+            raise _Unauthorized("Admin routes need Authorization: Bearer <serving.admin_token>.")
         if _is_loopback(request.remote):
             return
-        raise _Forbidden("Admin routes answer on loopback, or with the admin bearer token.")
+        raise _Forbidden("Admin routes answer on loopback only (no serving.admin_token is set).")
 
     async def _engines(self, request: web.Request) -> web.Response:
         return json_response({"engines": self._report()})
