@@ -44,9 +44,13 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Mapping
-from typing import cast
+from typing import Final, cast
 
 from aiohttp import HttpVersion11, hdrs, web
+
+# Room for what `end()` writes besides its data: the chunk's framing and, when nothing was
+# written before, the headers (Narwhal's own few, well under this).
+_END_SLACK: Final = 2048
 
 
 class _HeadersWithFirstBytes(web.StreamResponse):
@@ -116,7 +120,7 @@ class StreamBody:
             raise ConnectionResetError("the client closed the connection")
         _, high = transport.get_write_buffer_limits()
         buffered = transport.get_write_buffer_size()
-        return not self._http.protocol.writing_paused and buffered + size <= high
+        return not self._http.protocol.writing_paused and buffered + size + _END_SLACK <= high
 
     async def drain(self) -> None:
         """Wait until the client has taken enough of what was written (aiohttp's flow
