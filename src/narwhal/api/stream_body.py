@@ -18,13 +18,15 @@ public API, from the request's HTTP version:
   client's `Connection: keep-alive` asked. An aborted connection then reads as a clean
   end of the body; the missing `data: [DONE]` is what tells it from a complete stream.
 
-aiohttp internals used, checked against aiohttp 3.14.5 and pinned by
-tests/api/test_stream_body.py, which names what changed:
+aiohttp internals used, checked against aiohttp 3.14.5 only (the version the tests run
+on; pyproject.toml allows 3.9 on, untested here) and pinned by
+tests/api/test_stream_body.py, whose failures name what changed:
 
-1. `StreamResponse._send_headers_immediately`, a class attribute (aiohttp 3.12,
-   aio-libs/aiohttp#10991), set False: the headers leave with the first body bytes in one
-   write instead of on a write of their own at `prepare()`. If it goes or changes meaning,
-   streams stay correct and each costs one more write.
+1. `StreamResponse._send_headers_immediately`, a class attribute (added in the 3.12 series
+   by aio-libs/aiohttp#10991, May 2025), set False: the headers leave with the first body
+   bytes in one write instead of on a write of their own at `prepare()`. Where it is
+   absent, or if it goes or changes meaning, streams stay correct and each costs one more
+   write.
 2. The payload writer's contract (`BaseRequest.writer`, an `http_writer.StreamWriter`): it
    frames the body as the response's headers say (its `chunked` attribute), it has handed
    the headers and all it was given to the transport when a non-empty `write()` returns,
