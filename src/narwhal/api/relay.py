@@ -10,17 +10,22 @@ mistakes a broken stream for a complete one.
 Exposure: the engine was asked for token IDs and usage whatever the client asked; the
 stream's `StreamForwarder` (narwhal.protocol.forward) turns the engine's bytes into the
 client's, applying the exposure rules, so the relay only moves bytes.
+
+Framing is the `StreamBody`'s (narwhal.api.stream_body, the one place that relies on
+aiohttp's internals): chunked for HTTP/1.1, raw bytes ended by closing the connection for
+HTTP/1.0.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Final, cast
+from typing import Final
 
 from aiohttp import web
 
 from narwhal.api.request_id import HEADER as REQUEST_ID_HEADER
+from narwhal.api.stream_body import StreamBody
 from narwhal.engines.stream import EngineStream, TruncatedStream
 from narwhal.errors import NarwhalError, Outcome, TerminalExpiry
 
@@ -31,17 +36,6 @@ SSE_HEADERS = {
     "Cache-Control": "no-cache",
     "X-Accel-Buffering": "no",  # proxies in front must not buffer tokens
 }
-
-
-class _SSEResponse(web.StreamResponse):
-    """A stream response whose headers leave with the first body bytes, in one write.
-
-    aiohttp writes a StreamResponse's headers at prepare() by default (one more syscall per
-    request); the relay always writes the first events right after prepare(), so holding
-    the headers back delays nothing.
-    """
-
-    _send_headers_immediately = False
 
 
 async def relay_stream(
@@ -57,18 +51,16 @@ async def relay_stream(
     The first bytes go out with the headers (through aiohttp); from then on the stream
     is pushed (`_Pump`): each engine read is forwarded from the connection's callback,
     one write per read, with no task switch in between. Only the end goes through
-    aiohttp again: Narwhal's own `[DONE]` and the end of the chunked body in one write,
-    or one error event.
+    aiohttp again: Narwhal's own `[DONE]` and the end of the body in one write, or one
+    error event.
     """
-    response = _SSEResponse(headers={**SSE_HEADERS, REQUEST_ID_HEADER: request_id})
+    body = StreamBody(http, {**SSE_HEADERS, REQUEST_ID_HEADER: request_id})
     try:
-        await response.prepare(http)
+        await body.start()
         try:
             # A short answer is often whole in hand already: headers, events and the end
             # then leave in one write, with no deadline timer to arm.
-            payload = (
-                first if stream.done else await _until_end(http, response, stream, first, deadline)
-            )
+            payload = first if stream.done else await _until_end(body, stream, first, deadline)
         except NarwhalError as error:
             log.warning(
                 "request %s: the stream from engine %s failed after the response started: %s",
@@ -76,58 +68,49 @@ async def relay_stream(
                 stream.engine_name,
                 error.message,
             )
-            await _write_last(http, response, stream.flush() + error.sse_event(), deadline)
-            return response, error.outcome
+            await _write_last(body, stream.flush() + error.sse_event(), deadline)
+            return body.response, error.outcome
         except TimeoutError:
             expiry = TerminalExpiry("The request deadline expired while streaming.")
-            await _write_last(http, response, stream.flush() + expiry.sse_event(), deadline)
-            return response, expiry.outcome
-        if not await _write_last(http, response, payload + stream.flush() + _DONE_EVENT, deadline):
-            return response, "expired"  # the client took nothing more until its deadline
+            await _write_last(body, stream.flush() + expiry.sse_event(), deadline)
+            return body.response, expiry.outcome
+        if not await _write_last(body, payload + stream.flush() + _DONE_EVENT, deadline):
+            return body.response, "expired"  # the client took nothing more until its deadline
     except ConnectionError:
         # The client went away while its stream was written (before the disconnect
         # cancelled this handler, or where nothing cancels it). Nobody is left to
         # answer: aiohttp finishes the response quietly, the outcome says why.
-        return response, "client_gone"
-    return response, "completed"
+        return body.response, "client_gone"
+    return body.response, "completed"
 
 
-async def _write_last(
-    http: web.Request, response: web.StreamResponse, data: bytes, deadline: float
-) -> bool:
+async def _write_last(body: StreamBody, data: bytes, deadline: float) -> bool:
     """End the response with `data`; False when the client was cut off instead.
 
     A client that has stopped reading would keep this write waiting, and its slots held,
     for ever: it gets until its deadline, and once that has passed it is cut off at once
-    (the connection aborted, which no client can take for a complete stream). A client
-    that takes its bytes as they come, the usual case, is written to without a timer.
+    (the connection aborted: no HTTP/1.1 client can take it for a complete stream, and an
+    HTTP/1.0 one sees no `data: [DONE]`). A client that takes its bytes as they come, the
+    usual case, is written to without a timer.
     (Waiting again after a deadline interrupted aiohttp's drain would not work anyway:
     aiohttp keeps the cancelled drain waiter, and the next drain raises CancelledError.)
     """
-    transport = cast("asyncio.WriteTransport | None", http.transport)
-    if transport is None:
-        raise ConnectionResetError("the client closed the connection")
-    _, high = transport.get_write_buffer_limits()
-    if not http.protocol.writing_paused and transport.get_write_buffer_size() + len(data) <= high:
-        await response.write_eof(data)  # cannot wait: writing is on and stays on
+    if body.can_end_now(len(data)):
+        await body.end(data)  # cannot wait: writing is on and stays on
         return True
     try:
         if asyncio.get_running_loop().time() >= deadline:
             raise TimeoutError
         async with asyncio.timeout_at(deadline):
-            await response.write_eof(data)
+            await body.end(data)
     except TimeoutError:
-        transport.abort()
+        body.abort()
         return False
     return True
 
 
 async def _until_end(
-    http: web.Request,
-    response: web.StreamResponse,
-    stream: EngineStream,
-    payload: bytes,
-    deadline: float,
+    body: StreamBody, stream: EngineStream, payload: bytes, deadline: float
 ) -> bytes:
     """Relay until the engine's `[DONE]` or a clean end of its body; return the bytes
     still to write with the end. Raises what failed the stream, or TimeoutError."""
@@ -135,9 +118,9 @@ async def _until_end(
         ended = False  # the body ended without [DONE] (generic servers), finished
         while not stream.done and not ended:
             if payload:
-                await response.write(payload)  # the headers leave with it
+                await body.write(payload)  # the headers leave with it
                 payload = b""
-                ended = await _push(http, stream)
+                ended = await _push(body, stream)
             else:
                 read = await stream.read()
                 if read is None:
@@ -147,21 +130,20 @@ async def _until_end(
     return payload
 
 
-async def _push(http: web.Request, stream: EngineStream) -> bool:
+async def _push(body: StreamBody, stream: EngineStream) -> bool:
     """Push the stream until its `[DONE]` (False), a clean end without one (True), or
     the client's backpressure (False, with the stream still running). Raises what failed
     the stream (NarwhalError) or ConnectionResetError when the client is gone."""
-    transport = http.transport
-    if transport is None or transport.is_closing():
+    if body.is_closing():
         raise ConnectionResetError("the client closed the connection")
-    pump = _Pump(stream, transport, asyncio.get_running_loop().create_future())
+    pump = _Pump(stream, body, asyncio.get_running_loop().create_future())
     stream.push(pump)
     try:
         result = await pump.finished
     finally:
         stream.push(None)
     if result is _BACKPRESSURE:
-        await http.writer.drain()
+        await body.drain()
         stream.resume()
         return False
     if isinstance(result, BaseException):
@@ -180,16 +162,13 @@ class _Pump:
     in the engine connection's callback. Errors become the `finished` result (never
     raised into the callback); the relay task waits on `finished`."""
 
-    __slots__ = ("_stream", "_transport", "finished")
+    __slots__ = ("_body", "_stream", "finished")
 
     def __init__(
-        self,
-        stream: EngineStream,
-        transport: asyncio.BaseTransport,
-        finished: asyncio.Future[object],
+        self, stream: EngineStream, body: StreamBody, finished: asyncio.Future[object]
     ) -> None:
         self._stream = stream
-        self._transport = cast(asyncio.WriteTransport, transport)
+        self._body = body
         self.finished = finished
 
     def body_received(self, data: bytes) -> None:
@@ -207,16 +186,16 @@ class _Pump:
             log.exception("relaying engine %s's stream failed", stream.engine_name)
             self._finish(NarwhalError("Internal router error while relaying the stream."))
             return
-        transport = self._transport
+        buffered = 0
         if out:
-            if transport.is_closing():
-                self._finish(ConnectionResetError("the client closed the connection"))
+            try:
+                buffered = self._body.write_now(out)
+            except ConnectionResetError as gone:
+                self._finish(gone)
                 return
-            # One chunk of the client's chunked body (aiohttp framed the ones before).
-            transport.write(b"%x\r\n%b\r\n" % (len(out), out))
         if stream.done:
             self._finish(False)
-        elif transport.get_write_buffer_size() > _CLIENT_HIGH_WATER:
+        elif buffered > _CLIENT_HIGH_WATER:
             stream.pause()
             self._finish(_BACKPRESSURE)
 
