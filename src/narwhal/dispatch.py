@@ -359,11 +359,14 @@ class Dispatcher:
                         request_id=context.request_id,
                         authorization=context.authorization,
                     )
+                    limit = self._config.max_event_bytes
                     if request.stream:
-                        sink: StreamForwarder | StreamCollector = StreamForwarder(tracker, exposure)
+                        sink: StreamForwarder | StreamCollector = StreamForwarder(
+                            tracker, exposure, max_event_bytes=limit
+                        )
                     else:
                         assembler = Assembler(request.route, exposure)
-                        sink = StreamCollector(tracker, assembler)
+                        sink = StreamCollector(tracker, assembler, max_event_bytes=limit)
                     stream = EngineStream(client.name, response, sink)
                     first = await _first_events(stream)
                     self.gate.first_token(ticket)

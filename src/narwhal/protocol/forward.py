@@ -42,7 +42,7 @@ from narwhal.protocol.plain import (
     quiet_events,
     strip_token_ids,
 )
-from narwhal.protocol.sse import SSEDecoder, SSEEvent
+from narwhal.protocol.sse import DEFAULT_MAX_EVENT_BYTES, SSEDecoder, SSEEvent
 from narwhal.protocol.tracker import OutputTracker
 
 _DONE: Final = b"[DONE]"
@@ -68,7 +68,13 @@ class StreamForwarder:
         "tracker",
     )
 
-    def __init__(self, tracker: OutputTracker, exposure: Exposure) -> None:
+    def __init__(
+        self,
+        tracker: OutputTracker,
+        exposure: Exposure,
+        *,
+        max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES,
+    ) -> None:
         self.tracker = tracker
         self._exposure = exposure
         self._rewrite = needs_rewrite(exposure)
@@ -77,7 +83,7 @@ class StreamForwarder:
         self._null_ids = exposure.null_ids
         # Completion chunks carry `"prompt_token_ids": null` per choice (chat: top level).
         self._completion = tracker.route == "completion"
-        self._decoder = SSEDecoder()
+        self._decoder = SSEDecoder(max_event_bytes)
         # The usage-only chunk is dropped for this client: hold the last chunk for it.
         self._holds_last = not exposure.usage
         self._held = b""  # client bytes held back (see the module docstring)
@@ -285,10 +291,16 @@ def _frame(data: bytes) -> bytes:
 class StreamCollector:
     __slots__ = ("_assembler", "_decoder", "done", "events", "tracker")
 
-    def __init__(self, tracker: OutputTracker, assembler: Assembler) -> None:
+    def __init__(
+        self,
+        tracker: OutputTracker,
+        assembler: Assembler,
+        *,
+        max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES,
+    ) -> None:
         self.tracker = tracker
         self._assembler = assembler
-        self._decoder = SSEDecoder()
+        self._decoder = SSEDecoder(max_event_bytes)
         self.done = False
         self.events = 0
 

@@ -1,0 +1,186 @@
+"""What the router buffers from an engine is bounded: a hostile engine (`hostile.py`) sends
+an endless SSE line and an event far past `fleet.max_event_bytes`. Each time the client
+hears the truth (a 502 `upstream_error` before headers, an error event after them), the
+router's peak memory (VmHWM) stays far below what the engine sent, the engine sees its
+connection closed, and every request is counted once with every slot released.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from tests.e2e.conftest import MODEL, Reply, chat, completion, send
+from tests.e2e.hostile import Exchange, HostileEngine, Script, chunk, event, route_of, well_behaved
+from tests.e2e.test_admission import assert_all_released
+from tests.processes import NarwhalProcess, router_process
+
+HUGE = 200 << 20  # what the hostile engine sends: 200 MiB
+# Far below HUGE, far above the router's own footprint (~60 MB); the peak before the
+# limits were 246 MB (the line) and ~1 GB (the event).
+PEAK_LIMIT_MB = 150
+MIB = b"x" * (1 << 20)
+
+
+def peak_rss_mb(process: NarwhalProcess) -> float:
+    """The process's peak resident memory so far (VmHWM), in MB."""
+    with open(f"/proc/{process.pid}/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    raise AssertionError("no VmHWM in /proc/<pid>/status")
+
+
+def config_for(*engines: HostileEngine, **fleet: Any) -> dict[str, Any]:
+    return {
+        "model": MODEL,
+        "engines": [
+            {"name": f"h{i}", "url": engine.url, "dialect": "openai", "role": "both"}
+            for i, engine in enumerate(engines)
+        ],
+        "admission": {"mode": "open"},
+        "fleet": {"probe_interval_s": 0.2, "stale_after_s": 1.0, **fleet},
+    }
+
+
+@pytest.fixture
+def hostile(request: pytest.FixtureRequest) -> Iterator[HostileEngine]:
+    script: Script = request.param
+    with HostileEngine(script) as engine:
+        yield engine
+    assert not engine.errors, engine.errors
+
+
+def body_for(stream: bool, route: str = "chat") -> dict[str, Any]:
+    make = chat if route == "chat" else completion
+    return make("hostile", stream=stream, max_tokens=16)
+
+
+def error_of(reply: Reply) -> dict[str, Any]:
+    """The error of a 502 answer, or of the stream's last event."""
+    if reply.status != 200:
+        error: dict[str, Any] = reply.json()["error"]
+        return error
+    last = reply.events()[-1]
+    assert isinstance(last, dict) and "error" in last, reply.raw[-500:]
+    error = last["error"]
+    return error
+
+
+async def served_and_released(
+    router: NarwhalProcess, engine: HostileEngine, body: dict[str, Any], **send_args: Any
+) -> tuple[Reply, float]:
+    """Send `body`; the reply and the router's peak memory after it, once the engine's
+    connection is closed and every slot is back."""
+    reply = await send(router.url, body, **send_args)
+    assert await asyncio.to_thread(engine.wait_idle), "the router kept the engine connection"
+    await assert_all_released(router)
+    return reply, peak_rss_mb(router)
+
+
+# --- fleet.max_event_bytes ------------------------------------------------------------------
+
+
+async def endless_line(exchange: Exchange) -> None:
+    """One `data:` line that never ends: 200 MiB without a newline, then the body ends."""
+    await exchange.head()
+    await exchange.send(b'data: {"choices":[{"index":0,"delta":{"content":"')
+    await exchange.repeat(MIB, HUGE)
+    await exchange.end()
+
+
+async def huge_event(exchange: Exchange, *, first: bool = False) -> None:
+    """One valid 200 MiB event (maybe after a small one), finished and [DONE]."""
+    route = route_of(exchange)
+    await exchange.head()
+    if first:
+        await exchange.send(event(chunk(route, "Hi")))
+        await asyncio.sleep(0.2)  # the client has its headers and first event
+    whole = event(chunk(route, "<" + "x" * 16 + ">"))
+    head, tail = whole.split(b"x" * 16)
+    await exchange.send(head)
+    await exchange.repeat(MIB, HUGE)
+    await exchange.send(tail)
+    await exchange.send(event(chunk(route, "", "stop")) + b"data: [DONE]\n\n")
+    await exchange.end()
+
+
+async def huge_event_after_headers(exchange: Exchange) -> None:
+    await huge_event(exchange, first=True)
+
+
+@pytest.mark.parametrize("hostile", [endless_line], indirect=True)
+@pytest.mark.parametrize("stream", [False, True])
+async def test_an_endless_line_fails_the_attempt_within_the_limit(
+    hostile: HostileEngine, stream: bool
+) -> None:
+    with router_process(config_for(hostile)) as router:
+        reply, peak = await served_and_released(router, hostile, body_for(stream))
+    assert reply.status == 502
+    error = error_of(reply)
+    assert error["code"] == "upstream_error"
+    assert "fleet.max_event_bytes" in error["message"]
+    assert peak < PEAK_LIMIT_MB, f"router peak {peak:.0f} MB"
+
+
+@pytest.mark.parametrize("hostile", [huge_event], indirect=True)
+async def test_an_oversized_event_before_headers_is_a_502(hostile: HostileEngine) -> None:
+    with router_process(config_for(hostile)) as router:
+        reply, peak = await served_and_released(router, hostile, body_for(False))
+    assert reply.status == 502
+    assert error_of(reply)["code"] == "upstream_error"
+    assert "fleet.max_event_bytes" in error_of(reply)["message"]
+    assert peak < PEAK_LIMIT_MB, f"router peak {peak:.0f} MB"
+
+
+@pytest.mark.parametrize("hostile", [huge_event_after_headers], indirect=True)
+async def test_an_oversized_event_after_headers_ends_the_stream(hostile: HostileEngine) -> None:
+    with router_process(config_for(hostile)) as router:
+        reply, peak = await served_and_released(router, hostile, body_for(True))
+    assert reply.status == 200
+    events = reply.events()
+    assert events[0]["choices"][0]["delta"]["content"] == "Hi"
+    assert "[DONE]" not in events
+    error = error_of(reply)
+    assert error["code"] == "upstream_error"
+    assert "fleet.max_event_bytes" in error["message"]
+    assert peak < PEAK_LIMIT_MB, f"router peak {peak:.0f} MB"
+
+
+@pytest.mark.parametrize("hostile", [huge_event], indirect=True)
+async def test_an_oversized_event_is_retried_on_another_engine(hostile: HostileEngine) -> None:
+    """Like any engine output error before headers: another engine serves the request."""
+    with HostileEngine(well_behaved) as good:
+        config = config_for(hostile, good, max_attempts=2, policy="round_robin")
+        with router_process(config) as router:
+            replies = [await send(router.url, body_for(False)) for _ in range(2)]
+            assert await asyncio.to_thread(hostile.wait_idle)
+            values = await assert_all_released(router)
+    assert [r.status for r in replies] == [200, 200]
+    assert all(r.json()["choices"][0]["message"]["content"] == "Hello" for r in replies)
+    assert hostile.requests >= 1
+    assert values['narwhal_engine_failures_total{engine="h0",stage="before_headers"}'] >= 1
+
+
+async def test_max_event_bytes_is_configurable() -> None:
+    """An event of 64 KiB passes the default and fails a 32 KiB limit."""
+
+    async def answer(exchange: Exchange) -> None:
+        route = route_of(exchange)
+        await exchange.head()
+        await exchange.send(event(chunk(route, "y" * (64 << 10), "stop")) + b"data: [DONE]\n\n")
+        await exchange.end()
+
+    with HostileEngine(answer) as engine:
+        with router_process(config_for(engine)) as router:
+            reply = await send(router.url, body_for(False))
+            assert reply.status == 200
+            assert reply.json()["choices"][0]["message"]["content"] == "y" * (64 << 10)
+        with router_process(config_for(engine, max_event_bytes=32 << 10)) as router:
+            reply = await send(router.url, body_for(False))
+            assert reply.status == 502
+            assert "fleet.max_event_bytes (32768 bytes)" in error_of(reply)["message"]
+            await assert_all_released(router)
