@@ -49,7 +49,7 @@ from narwhal.protocol.exposure import Exposure
 from narwhal.protocol.forward import StreamCollector, StreamForwarder
 from narwhal.protocol.requests import CompletionRequest, Route
 from narwhal.protocol.tracker import OutputTracker
-from narwhal.protocol.upstream import upstream_body
+from narwhal.protocol.upstream import CHOICES, upstream_body
 from narwhal.scheduler.placement import PlacementRequest
 from narwhal.scheduler.registry import EngineRegistry
 from narwhal.scheduler.scheduler import Plan, Scheduler
@@ -335,6 +335,7 @@ class Dispatcher:
             request.route,
             token_ids=request.route in client.capabilities.token_ids_on,
             prompt_ids=request.return_token_ids,
+            choices=CHOICES,
         )
         ticket.output = tracker
         stream: EngineStream | None = None
@@ -365,7 +366,7 @@ class Dispatcher:
                             tracker, exposure, max_event_bytes=limit
                         )
                     else:
-                        assembler = Assembler(request.route, exposure)
+                        assembler = Assembler(request.route, exposure, choices=CHOICES)
                         sink = StreamCollector(tracker, assembler, max_event_bytes=limit)
                     stream = EngineStream(client.name, response, sink)
                     first = await _first_events(stream)

@@ -1,13 +1,15 @@
 """What the router buffers from an engine is bounded: a hostile engine (`hostile.py`) sends
-an endless SSE line and an event far past `fleet.max_event_bytes`. Each time the client
-hears the truth (a 502 `upstream_error` before headers, an error event after them), the
-router's peak memory (VmHWM) stays far below what the engine sent, the engine sees its
-connection closed, and every request is counted once with every slot released.
+an endless SSE line, an event far past `fleet.max_event_bytes`, and choice indices the
+request could not produce. Each time the client hears the truth (a 502 `upstream_error`
+before headers, an error event after them), the router's peak memory (VmHWM) stays far
+below what the engine sent, the engine sees its connection closed, and every request is
+counted once with every slot released.
 """
 
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -184,3 +186,58 @@ async def test_max_event_bytes_is_configurable() -> None:
             assert reply.status == 502
             assert "fleet.max_event_bytes (32768 bytes)" in error_of(reply)["message"]
             await assert_all_released(router)
+
+
+# --- choice indices -------------------------------------------------------------------------
+
+WIDE = 100_000  # choices in one event: ~2.5 MB of JSON, under the event limit
+
+
+async def wide_event(exchange: Exchange, *, first: bool = False) -> None:
+    """One event with choice indices 0 .. WIDE-1, where the request asked for one."""
+    route = route_of(exchange)
+    await exchange.head()
+    if first:
+        await exchange.send(event(chunk(route, "Hi")))
+        await asyncio.sleep(0.2)
+    one = chunk(route, "x")
+    one["choices"] = [{**one["choices"][0], "index": i} for i in range(WIDE)]
+    await exchange.send(event(one))
+    await exchange.send(event(chunk(route, "", "stop")) + b"data: [DONE]\n\n")
+    await exchange.end()
+
+
+async def wide_event_after_headers(exchange: Exchange) -> None:
+    await wide_event(exchange, first=True)
+
+
+@pytest.mark.parametrize("hostile", [wide_event], indirect=True)
+@pytest.mark.parametrize("route", ["chat", "completion"])
+@pytest.mark.parametrize("stream", [False, True])
+async def test_a_choice_index_the_request_cannot_produce_fails_the_attempt(
+    hostile: HostileEngine, route: str, stream: bool
+) -> None:
+    with router_process(config_for(hostile)) as router:
+        started = time.monotonic()
+        reply, peak = await served_and_released(router, hostile, body_for(stream, route))
+        elapsed = time.monotonic() - started
+    assert reply.status == 502
+    error = error_of(reply)
+    assert error["code"] == "upstream_error"
+    assert "choice index 1" in error["message"]
+    assert peak < PEAK_LIMIT_MB, f"router peak {peak:.0f} MB"
+    assert elapsed < 5, f"{elapsed:.1f} s"
+
+
+@pytest.mark.parametrize("hostile", [wide_event_after_headers], indirect=True)
+async def test_a_choice_index_past_n_after_headers_ends_the_stream(
+    hostile: HostileEngine,
+) -> None:
+    with router_process(config_for(hostile)) as router:
+        reply, peak = await served_and_released(router, hostile, body_for(True))
+    assert reply.status == 200
+    assert "[DONE]" not in reply.events()
+    error = error_of(reply)
+    assert error["code"] == "upstream_error"
+    assert "choice index 1" in error["message"]
+    assert peak < PEAK_LIMIT_MB, f"router peak {peak:.0f} MB"

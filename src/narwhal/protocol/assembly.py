@@ -34,6 +34,7 @@ from narwhal.protocol.fields import (
     expect_str,
     is_empty,
     malformed,
+    unexpected_choice,
     unsupported,
 )
 from narwhal.protocol.logprobs import Logprobs
@@ -255,6 +256,7 @@ class Assembler:
     """Feed decoded engine events in stream order; `result` builds the response."""
 
     __slots__ = (
+        "_asked",
         "_choice_type",
         "_choices",
         "_keep_ids",
@@ -266,8 +268,11 @@ class Assembler:
         "_usage",
     )
 
-    def __init__(self, route: Route, exposure: Exposure) -> None:
+    def __init__(self, route: Route, exposure: Exposure, *, choices: int | None = None) -> None:
+        """`choices`: how many the engine was asked for (its `n`); an index past them is
+        malformed output, and no state is built for it (None: any index)."""
         self._route: Route = route
+        self._asked = choices
         self._keep_ids = exposure.token_ids
         # vLLM's own answer to a client without IDs has its ID lists, null.
         self._null_ids = exposure.null_ids and not exposure.token_ids
@@ -305,6 +310,8 @@ class Assembler:
             index = choice.get("index")
             if type(index) is not int or index < 0:
                 malformed("choice index", "a nonnegative integer")
+            if self._asked is not None and index >= self._asked:
+                raise unexpected_choice(index, self._asked)
             state = self._choices.get(index)
             if state is None:
                 state = self._choices[index] = self._choice_type(index, self._route, self._keep_ids)
