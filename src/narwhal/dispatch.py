@@ -58,6 +58,11 @@ from narwhal.state import RouterState
 
 log = logging.getLogger(__name__)
 _DRAIN_TIMEOUT_S = 1.0
+# A non-streaming answer is whole at the engine's [DONE]. The end of the body follows at
+# once (often in a packet of its own: without waiting for it a quarter of the connections
+# to a vLLM-like engine were not reused); an engine that keeps its body open delays the
+# client no longer than this, and its connection is closed.
+_DONE_GRACE_S = 0.01
 # Failures another placement may not repeat: engine down, engine error, bad output.
 _RETRYABLE = (EngineUnavailable, EngineError, EngineOutputError, TruncatedStream)
 
@@ -372,8 +377,11 @@ class Dispatcher:
                     first = await _first_events(stream)
                     self.gate.first_token(ticket)
                     if not request.stream:
-                        while await stream.read() is not None:
+                        # Up to the engine's [DONE]: what follows is not the answer, and an
+                        # engine that keeps its body open must not hold the client.
+                        while not stream.done and await stream.read() is not None:
                             pass
+                        await stream.settle(_DONE_GRACE_S)
             except TimeoutError:
                 raise self._expired_before_headers() from None
             except _RETRYABLE as error:

@@ -120,6 +120,7 @@ class HostileEngine:
         self.port = 0
         self.requests = 0  # completion requests received
         self.open_connections = 0  # that carried a completion request (probes aside)
+        self.connections = 0  # that carried one, ever
         self.errors: list[str] = []  # what went wrong in a script, for the test to show
         self._thread = threading.Thread(target=self._loop.run_until_complete, args=(self._run(),))
 
@@ -204,6 +205,7 @@ class HostileEngine:
         if not carried[0]:
             carried[0] = True
             self.open_connections += 1
+            self.connections += 1
         exchange = Exchange(json.loads(raw), reader, writer)
         await self._script(exchange)
         return exchange.ended

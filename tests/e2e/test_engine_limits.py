@@ -1,9 +1,10 @@
 """What the router buffers from an engine is bounded: a hostile engine (`hostile.py`) sends
-an endless SSE line, an event far past `fleet.max_event_bytes`, and choice indices the
-request could not produce. Each time the client hears the truth (a 502 `upstream_error`
-before headers, an error event after them), the router's peak memory (VmHWM) stays far
-below what the engine sent, the engine sees its connection closed, and every request is
-counted once with every slot released.
+an endless SSE line, an event far past `fleet.max_event_bytes`, choice indices the request
+could not produce, and a `[DONE]` with the body left open. Each time the client hears the
+truth (a 502 `upstream_error` before headers, an error event after them, or the answer
+`[DONE]` ended), the router's peak memory (VmHWM) stays far below what the engine sent,
+the engine sees its connection closed, and every request is counted once with every slot
+released.
 """
 
 from __future__ import annotations
@@ -241,3 +242,58 @@ async def test_a_choice_index_past_n_after_headers_ends_the_stream(
     assert error["code"] == "upstream_error"
     assert "choice index 1" in error["message"]
     assert peak < PEAK_LIMIT_MB, f"router peak {peak:.0f} MB"
+
+
+# --- [DONE] ---------------------------------------------------
+
+
+async def done_then_more(exchange: Exchange) -> None:
+    """A whole answer and [DONE], then more events (in the same read and later), and the
+    body left open until the router hangs up."""
+    route = route_of(exchange)
+    await exchange.head()
+    await exchange.send(event(chunk(route, "Hello")) + event(chunk(route, "", "stop")))
+    await exchange.send(b"data: [DONE]\n\n" + event(chunk(route, " AFTER")))
+    await asyncio.sleep(0.1)
+    await exchange.send(event(chunk(route, " LATER")))
+    assert await exchange.until_closed(30), "the router never let go of the connection"
+
+
+@pytest.mark.parametrize("hostile", [done_then_more], indirect=True)
+@pytest.mark.parametrize("route", ["chat", "completion"])
+async def test_a_non_streaming_answer_ends_at_done(hostile: HostileEngine, route: str) -> None:
+    with router_process(config_for(hostile)) as router:
+        started = time.monotonic()
+        reply = await send(router.url, body_for(False, route), headers={"X-Request-Timeout": "20"})
+        elapsed = time.monotonic() - started
+        assert await asyncio.to_thread(hostile.wait_idle)
+        values = await assert_all_released(router)
+    assert reply.status == 200, reply.raw
+    choice = reply.json()["choices"][0]
+    text = choice["message"]["content"] if route == "chat" else choice["text"]
+    assert text == "Hello"
+    assert choice["finish_reason"] == "stop"
+    assert elapsed < 3, f"{elapsed:.1f} s: held past [DONE]"
+    assert values['narwhal_outcomes_total{outcome="completed"}'] == 1
+
+
+async def done_then_end_apart(exchange: Exchange) -> None:
+    """A correct answer whose body ends a moment after [DONE], in a packet of its own."""
+    route = route_of(exchange)
+    await exchange.head()
+    await exchange.send(event(chunk(route, "Hello")) + event(chunk(route, "", "stop")))
+    await exchange.send(b"data: [DONE]\n\n")
+    await asyncio.sleep(0.001)
+    await exchange.end()
+
+
+@pytest.mark.parametrize("hostile", [done_then_end_apart], indirect=True)
+async def test_a_connection_whose_body_ends_after_done_is_reused(hostile: HostileEngine) -> None:
+    """Stopping at [DONE] does not cost the keep-alive: the end of the body that follows
+    at once is still taken, and the next request goes on the same connection."""
+    with router_process(config_for(hostile)) as router:
+        replies = [await send(router.url, body_for(False)) for _ in range(5)]
+        await assert_all_released(router)
+    assert [r.status for r in replies] == [200] * 5
+    assert hostile.requests == 5
+    assert hostile.connections == 1

@@ -263,7 +263,7 @@ class Profiler:
             )
             stream = EngineStream(client.name, response, sink)
             try:
-                while await stream.read() is not None:
+                while not stream.done and await stream.read() is not None:
                     pass
             finally:
                 stream.close()

@@ -9,7 +9,8 @@ the engine's `data: [DONE]`) from a truncated one.
   events (`plain.py`) go out as the engine's own bytes, with the `token_ids` keys cut
   out when the client did not ask for IDs; every other event takes the general path:
   decoded to a dict, `apply_exposure`, and its raw bytes or a re-encoding.
-- `StreamCollector` (non-streaming clients) hands every decoded event to the assembler.
+- `StreamCollector` (non-streaming clients) hands every decoded event to the assembler,
+  up to `[DONE]` (what follows is ignored).
 
 `[DONE]` is never forwarded: the relay writes its own after a clean end, so a stream cut
 short can never look complete.
@@ -326,6 +327,8 @@ class StreamCollector:
         return b""
 
     def _add(self, data: bytes, now: float) -> None:
+        if self.done:
+            return  # after the engine's [DONE]: not part of the answer
         self.events += 1
         if data == _DONE:
             self.done = True
