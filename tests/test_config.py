@@ -97,6 +97,10 @@ def test_engines_and_fractional_durations() -> None:
             MINIMAL + "fleet: {max_event_bytes: 100}\n",
             "fleet.max_event_bytes: expected int >= 4096 or null, got 100",
         ),
+        (
+            MINIMAL + "fleet: {max_response_bytes: 1.5}\n",
+            "fleet.max_response_bytes: expected int >= 4096 or null, got 1.5",
+        ),
         ("- a\n- b\n", "must be a mapping"),
         ("model: [\n", "invalid YAML"),
     ],
@@ -171,9 +175,22 @@ def test_the_event_limit_follows_the_request_limit_unless_set() -> None:
     assert chosen.max_event_bytes == 65536
 
 
-def test_check_config_shows_the_event_limit_it_derived(tmp_path: Path) -> None:
+def test_the_response_limit_holds_two_largest_events_unless_set() -> None:
+    assert parse_config(MINIMAL).max_response_bytes == 64 << 20
+    bigger = parse_config(MINIMAL + "serving: {max_request_bytes: 8388608}\n")
+    assert (bigger.max_event_bytes, bigger.max_response_bytes) == (64 << 20, 128 << 20)
+    events = parse_config(MINIMAL + "fleet: {max_event_bytes: 67108864}\n")
+    assert events.max_response_bytes == 128 << 20
+    chosen = parse_config(MINIMAL + "fleet: {max_response_bytes: 1048576}\n")
+    assert (chosen.max_event_bytes, chosen.max_response_bytes) == (8 << 20, 1 << 20)
+
+
+def test_check_config_shows_the_limits_it_derived(tmp_path: Path) -> None:
     good = tmp_path / "limits.yaml"
     good.write_text(MINIMAL + "serving: {max_request_bytes: 2097152}\n")
     result = _check_config(good)
     assert result.returncode == 0, result.stderr
-    assert yaml.safe_load(result.stdout)["fleet"]["max_event_bytes"] == 16 << 20
+    fleet = yaml.safe_load(result.stdout)["fleet"]
+    assert (fleet["max_event_bytes"], fleet["max_response_bytes"]) == (16 << 20, 64 << 20)
+    reread = parse_config(result.stdout)  # the printed configuration means the same
+    assert (reread.max_event_bytes, reread.max_response_bytes) == (16 << 20, 64 << 20)

@@ -16,6 +16,7 @@ import msgspec
 import yaml
 from msgspec import Meta, Struct
 
+from narwhal.protocol.assembly import DEFAULT_MAX_RESPONSE_BYTES
 from narwhal.protocol.dialects import Dialect
 from narwhal.protocol.sse import DEFAULT_MAX_EVENT_BYTES
 
@@ -89,6 +90,9 @@ class FleetConfig(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True)
     # The longest SSE event taken from an engine (its bytes, blank line included), and what
     # an unfinished one may hold: past it the attempt fails. Null: `Config.max_event_bytes`.
     max_event_bytes: ByteLimit | None = None
+    # What a non-streaming answer may be assembled from: its events' data, in bytes (it is
+    # held whole until the end). Null: `Config.max_response_bytes`.
+    max_response_bytes: ByteLimit | None = None
 
 
 class HAConfig(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
@@ -139,6 +143,15 @@ class Config(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
             return configured
         return max(DEFAULT_MAX_EVENT_BYTES, 8 * self.serving.max_request_bytes)
 
+    @property
+    def max_response_bytes(self) -> int:
+        """`fleet.max_response_bytes`, or by default 64 MiB, or twice the event limit when
+        that is more (an answer may hold one largest event and as much again)."""
+        configured = self.fleet.max_response_bytes
+        if configured is not None:
+            return configured
+        return max(DEFAULT_MAX_RESPONSE_BYTES, 2 * self.max_event_bytes)
+
 
 class ConfigError(ValueError):
     """A configuration that cannot be used; str() names the key and the reason."""
@@ -177,6 +190,7 @@ def config_to_builtins(config: Config) -> dict[str, Any]:
     (what the router will use, not null)."""
     result: dict[str, Any] = msgspec.to_builtins(config)
     result["fleet"]["max_event_bytes"] = config.max_event_bytes
+    result["fleet"]["max_response_bytes"] = config.max_response_bytes
     if config.ha.backend == "etcd":
         result["ha"]["renew_interval_s"] = config.ha.renew_interval
         result["ha"]["fence_margin_s"] = config.ha.margin

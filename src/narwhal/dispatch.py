@@ -372,7 +372,12 @@ class Dispatcher:
                         )
                     else:
                         assembler = Assembler(request.route, exposure, choices=CHOICES)
-                        sink = StreamCollector(tracker, assembler, max_event_bytes=limit)
+                        sink = StreamCollector(
+                            tracker,
+                            assembler,
+                            max_event_bytes=limit,
+                            max_response_bytes=self._config.max_response_bytes,
+                        )
                     stream = EngineStream(client.name, response, sink)
                     first = await _first_events(stream)
                     self.gate.first_token(ticket)

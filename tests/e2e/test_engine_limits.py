@@ -1,10 +1,10 @@
 """What the router buffers from an engine is bounded: a hostile engine (`hostile.py`) sends
 an endless SSE line, an event far past `fleet.max_event_bytes`, choice indices the request
-could not produce, and a `[DONE]` with the body left open. Each time the client hears the
-truth (a 502 `upstream_error` before headers, an error event after them, or the answer
-`[DONE]` ended), the router's peak memory (VmHWM) stays far below what the engine sent,
-the engine sees its connection closed, and every request is counted once with every slot
-released.
+could not produce, a content flood past `fleet.max_response_bytes`, and a `[DONE]` with the
+body left open. Each time the client hears the truth (a 502 `upstream_error` before
+headers, an error event after them, or the answer `[DONE]` ended), the router's peak
+memory (VmHWM) stays far below what the engine sent, the engine sees its connection
+closed, and every request is counted once with every slot released.
 """
 
 from __future__ import annotations
@@ -244,7 +244,33 @@ async def test_a_choice_index_past_n_after_headers_ends_the_stream(
     assert peak < PEAK_LIMIT_MB, f"router peak {peak:.0f} MB"
 
 
-# --- [DONE] ---------------------------------------------------
+# --- fleet.max_response_bytes and [DONE] ---------------------------------------------------
+
+
+async def content_flood(exchange: Exchange) -> None:
+    """Valid content events of 16 KiB, never finished, until the router hangs up."""
+    route = route_of(exchange)
+    await exchange.head()
+    piece = event(chunk(route, "z" * (16 << 10)))
+    while True:
+        await exchange.send(piece * 4)
+
+
+@pytest.mark.parametrize("hostile", [content_flood], indirect=True)
+async def test_a_non_streaming_answer_is_bounded(hostile: HostileEngine) -> None:
+    config = config_for(hostile, max_response_bytes=16 << 20)
+    with router_process(config) as router:
+        started = time.monotonic()
+        reply, peak = await served_and_released(
+            router, hostile, body_for(False), headers={"X-Request-Timeout": "20"}
+        )
+        elapsed = time.monotonic() - started
+    assert reply.status == 502
+    error = error_of(reply)
+    assert error["code"] == "upstream_error"
+    assert "fleet.max_response_bytes (16777216 bytes" in error["message"]
+    assert elapsed < 10, f"{elapsed:.1f} s: held until the deadline"
+    assert peak < PEAK_LIMIT_MB, f"router peak {peak:.0f} MB"
 
 
 async def done_then_more(exchange: Exchange) -> None:

@@ -42,6 +42,8 @@ from narwhal.protocol.tokens import check_token_ids, sglext_output_ids
 from narwhal.protocol.toolcalls import FunctionCall, ToolCalls
 from narwhal.protocol.usage import computed_usage, event_usage
 
+# What one answer may be assembled from by default (`fleet.max_response_bytes`).
+DEFAULT_MAX_RESPONSE_BYTES: Final = 64 << 20
 _OBJECT: Final = {"chat": "chat.completion", "completion": "text_completion"}
 # Identification first, as OpenAI and vLLM order their responses.
 _HEAD: Final = ("id", "object", "created", "model")
@@ -51,6 +53,17 @@ _NOT_METADATA: Final = TOP_LEVEL_DROPPED | {"prompt_token_ids", "sglext"}
 _DELTA_TEXT: Final = frozenset(DELTA_TEXT)
 # The message fields a delta may send as null (the role never is).
 _MESSAGE_FIELDS: Final = frozenset(DELTA_OUTPUT)
+
+
+class ResponseTooLarge(EngineOutputError):
+    """The events of one non-streaming answer passed the size it may be assembled from."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(
+            f"engine's answer is longer than fleet.max_response_bytes ({limit} bytes of "
+            "events); a streaming request has no such bound"
+        )
+        self.limit = limit
 
 
 class _Choice:

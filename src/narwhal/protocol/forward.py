@@ -10,7 +10,8 @@ the engine's `data: [DONE]`) from a truncated one.
   out when the client did not ask for IDs; every other event takes the general path:
   decoded to a dict, `apply_exposure`, and its raw bytes or a re-encoding.
 - `StreamCollector` (non-streaming clients) hands every decoded event to the assembler,
-  up to `[DONE]` (what follows is ignored).
+  up to `[DONE]` (what follows is ignored) and up to `max_response_bytes` of events'
+  data: past it the attempt fails, since the whole answer is held until its end.
 
 `[DONE]` is never forwarded: the relay writes its own after a clean end, so a stream cut
 short can never look complete.
@@ -29,7 +30,7 @@ from typing import Any, Final, cast
 
 import msgspec
 
-from narwhal.protocol.assembly import Assembler
+from narwhal.protocol.assembly import DEFAULT_MAX_RESPONSE_BYTES, Assembler, ResponseTooLarge
 from narwhal.protocol.events import decode_event, encode_sse_event
 from narwhal.protocol.exposure import Exposed, Exposure, apply_exposure, needs_rewrite
 from narwhal.protocol.plain import (
@@ -290,7 +291,7 @@ def _frame(data: bytes) -> bytes:
 
 
 class StreamCollector:
-    __slots__ = ("_assembler", "_decoder", "done", "events", "tracker")
+    __slots__ = ("_assembler", "_decoder", "_left", "_limit", "done", "events", "tracker")
 
     def __init__(
         self,
@@ -298,10 +299,13 @@ class StreamCollector:
         assembler: Assembler,
         *,
         max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES,
+        max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
     ) -> None:
         self.tracker = tracker
         self._assembler = assembler
         self._decoder = SSEDecoder(max_event_bytes)
+        self._limit = max_response_bytes
+        self._left = max_response_bytes  # bytes of event data the answer may still take
         self.done = False
         self.events = 0
 
@@ -333,6 +337,9 @@ class StreamCollector:
         if data == _DONE:
             self.done = True
             return
+        self._left -= len(data)
+        if self._left < 0:
+            raise ResponseTooLarge(self._limit)
         decoded = decode_event(data)
         self.tracker.observe(decoded, now)
         self._assembler.add(decoded)
