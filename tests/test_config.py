@@ -93,6 +93,14 @@ def test_engines_and_fractional_durations() -> None:
             "ha.renew_interval_s: must be below ha.lease_ttl_s - ha.fence_margin_s (1.8 s)",
         ),
         (MINIMAL + "ha: {key: ''}\n", "ha.key: expected string of at least 1 chars"),
+        (
+            MINIMAL + "fleet: {max_event_bytes: 100}\n",
+            "fleet.max_event_bytes: expected int >= 4096 or null, got 100",
+        ),
+        (
+            MINIMAL + "fleet: {max_response_bytes: 1.5}\n",
+            "fleet.max_response_bytes: expected int >= 4096 or null, got 1.5",
+        ),
         ("- a\n- b\n", "must be a mapping"),
         ("model: [\n", "invalid YAML"),
     ],
@@ -155,3 +163,34 @@ def test_high_availability_defaults_follow_the_lease_ttl() -> None:
         MINIMAL + "ha: {backend: etcd, endpoints: ['http://e:2379'], lease_ttl_s: 1}\n"
     ).ha
     assert (ha.renew_interval, ha.margin) == (0.6, 0.1)
+
+
+def test_the_event_limit_follows_the_request_limit_unless_set() -> None:
+    """vLLM's first chunk carries the prompt's token IDs: the default grows with the
+    largest request (8 bytes a byte of it), never below 8 MiB."""
+    assert parse_config(MINIMAL).max_event_bytes == 8 << 20
+    bigger = parse_config(MINIMAL + "serving: {max_request_bytes: 4194304}\n")
+    assert bigger.max_event_bytes == 32 << 20
+    chosen = parse_config(MINIMAL + "fleet: {max_event_bytes: 65536}\n")
+    assert chosen.max_event_bytes == 65536
+
+
+def test_the_response_limit_holds_two_largest_events_unless_set() -> None:
+    assert parse_config(MINIMAL).max_response_bytes == 64 << 20
+    bigger = parse_config(MINIMAL + "serving: {max_request_bytes: 8388608}\n")
+    assert (bigger.max_event_bytes, bigger.max_response_bytes) == (64 << 20, 128 << 20)
+    events = parse_config(MINIMAL + "fleet: {max_event_bytes: 67108864}\n")
+    assert events.max_response_bytes == 128 << 20
+    chosen = parse_config(MINIMAL + "fleet: {max_response_bytes: 1048576}\n")
+    assert (chosen.max_event_bytes, chosen.max_response_bytes) == (8 << 20, 1 << 20)
+
+
+def test_check_config_shows_the_limits_it_derived(tmp_path: Path) -> None:
+    good = tmp_path / "limits.yaml"
+    good.write_text(MINIMAL + "serving: {max_request_bytes: 2097152}\n")
+    result = _check_config(good)
+    assert result.returncode == 0, result.stderr
+    fleet = yaml.safe_load(result.stdout)["fleet"]
+    assert (fleet["max_event_bytes"], fleet["max_response_bytes"]) == (16 << 20, 64 << 20)
+    reread = parse_config(result.stdout)  # the printed configuration means the same
+    assert (reread.max_event_bytes, reread.max_response_bytes) == (16 << 20, 64 << 20)

@@ -16,12 +16,16 @@ import msgspec
 import yaml
 from msgspec import Meta, Struct
 
+from narwhal.protocol.assembly import DEFAULT_MAX_RESPONSE_BYTES
 from narwhal.protocol.dialects import Dialect
+from narwhal.protocol.sse import DEFAULT_MAX_EVENT_BYTES
 
 NonNegativeInt = Annotated[int, Meta(ge=0)]
 PositiveInt = Annotated[int, Meta(ge=1)]
 PositiveSeconds = Annotated[float, Meta(gt=0)]
 Port = Annotated[int, Meta(ge=0, le=65535)]
+# Below this an engine's ordinary events (a few hundred bytes, a usage chunk) would not fit.
+ByteLimit = Annotated[int, Meta(ge=4096)]
 Name = Annotated[str, Meta(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")]
 
 Role = Literal["prefill", "decode", "both"]
@@ -83,6 +87,12 @@ class FleetConfig(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True)
     # How to choose among eligible engines: by load (Narwhal's own in-flight work corrected
     # by the engines' metrics) or round robin (for comparison; what simple proxies do).
     policy: Literal["load", "round_robin"] = "load"
+    # The longest SSE event taken from an engine (its bytes, blank line included), and what
+    # an unfinished one may hold: past it the attempt fails. Null: `Config.max_event_bytes`.
+    max_event_bytes: ByteLimit | None = None
+    # What a non-streaming answer may be assembled from: its events' data, in bytes (it is
+    # held whole until the end). Null: `Config.max_response_bytes`.
+    max_response_bytes: ByteLimit | None = None
 
 
 class HAConfig(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
@@ -122,6 +132,26 @@ class Config(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
     fleet: FleetConfig = FleetConfig()
     ha: HAConfig = HAConfig()
 
+    @property
+    def max_event_bytes(self) -> int:
+        """`fleet.max_event_bytes`, or by default 8 MiB, or 8 bytes a byte of
+        `serving.max_request_bytes` when that is more: vLLM's first chunk carries the
+        prompt's token IDs (Narwhal always asks for them), at most one a byte of prompt
+        and up to 7 bytes each, so the largest real event grows with the request."""
+        configured = self.fleet.max_event_bytes
+        if configured is not None:
+            return configured
+        return max(DEFAULT_MAX_EVENT_BYTES, 8 * self.serving.max_request_bytes)
+
+    @property
+    def max_response_bytes(self) -> int:
+        """`fleet.max_response_bytes`, or by default 64 MiB, or twice the event limit when
+        that is more (an answer may hold one largest event and as much again)."""
+        configured = self.fleet.max_response_bytes
+        if configured is not None:
+            return configured
+        return max(DEFAULT_MAX_RESPONSE_BYTES, 2 * self.max_event_bytes)
+
 
 class ConfigError(ValueError):
     """A configuration that cannot be used; str() names the key and the reason."""
@@ -159,6 +189,8 @@ def config_to_builtins(config: Config) -> dict[str, Any]:
     """The configuration as plain data, with the defaults derived from other keys resolved
     (what the router will use, not null)."""
     result: dict[str, Any] = msgspec.to_builtins(config)
+    result["fleet"]["max_event_bytes"] = config.max_event_bytes
+    result["fleet"]["max_response_bytes"] = config.max_response_bytes
     if config.ha.backend == "etcd":
         result["ha"]["renew_interval_s"] = config.ha.renew_interval
         result["ha"]["fence_margin_s"] = config.ha.margin

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
-from narwhal.protocol.sse import SSEDecoder, SSEEvent, format_event, is_done
+from narwhal.protocol.sse import EventTooLarge, SSEDecoder, SSEEvent, format_event, is_done
 from tests.protocol.streams import ALL, VLLM_CHAT, Stream, with_line_ends
 
 
@@ -205,3 +207,98 @@ def test_format_event_round_trips() -> None:
 def test_raw_of_the_fast_path_is_the_input() -> None:
     events, _ = decode(VLLM_CHAT.body)
     assert events[1].raw.startswith(b"data: {") and events[1].raw.endswith(b"}\n\n")
+
+
+# --- the event size limit -------------------------------------------------------------------
+
+
+def decode_within(limit: int, *chunks: bytes) -> list[SSEEvent] | None:
+    """The events, or None when the decoder refused an event as too large."""
+    decoder = SSEDecoder(max_event_bytes=limit)
+    events: list[SSEEvent] = []
+    try:
+        for chunk in chunks:
+            events.extend(decoder.feed(chunk))
+    except EventTooLarge as error:
+        assert error.limit == limit
+        assert "fleet.max_event_bytes" in error.message
+        return None
+    return events
+
+
+def every_split(body: bytes) -> list[list[bytes]]:
+    return [[body], byte_by_byte(body)] + [[body[:i], body[i:]] for i in range(len(body) + 1)]
+
+
+@pytest.mark.parametrize(
+    "block",
+    [
+        b"data: " + b"x" * 50 + b"\n\n",  # the fast path's shape
+        b"event: e\nid: 7\ndata: a\ndata: " + b"x" * 30 + b"\n\n",
+        b": a comment\ndata: " + b"x" * 40 + b"\n\n",
+    ],
+    ids=["one-line", "fields", "comment"],
+)
+def test_an_event_at_the_limit_passes_and_one_byte_more_fails_however_split(block: bytes) -> None:
+    body = b"data: 1\n\n" + block + b"data: 2\n\n"
+    limit = len(block)  # the event's raw, blank line included
+    for chunks in every_split(body):
+        events = decode_within(limit, *chunks)
+        assert events is not None and [e.raw for e in events][1] == block, chunks
+        assert decode_within(limit - 1, *chunks) is None, chunks
+
+
+def test_crlf_events_are_limited_too() -> None:
+    body = b"data: a\r\ndata: " + b"x" * 40 + b"\r\n\r\n"
+    for chunks in every_split(body):
+        assert decode_within(len(body), *chunks) is not None
+        assert decode_within(len(body) - 2, *chunks) is None
+
+
+@pytest.mark.parametrize("piece", [b"x", b"x" * 7, b"data: x\n", b": ping\n"], ids=repr)
+def test_an_unfinished_event_is_refused_as_soon_as_it_passes_the_limit(piece: bytes) -> None:
+    """A line that never ends, or a block whose blank line never comes: the decoder holds
+    at most `limit` bytes of it, whatever the read size."""
+    limit = 1000
+    decoder = SSEDecoder(max_event_bytes=limit)
+    assert [e.data for e in decoder.feed(b"data: before\n\n")] == [b"before"]
+    held = 0
+    with pytest.raises(EventTooLarge):
+        while True:
+            decoder.feed(piece)
+            held += len(piece)
+            assert held <= limit
+    assert held + len(piece) > limit
+
+
+def test_the_fast_paths_keep_the_limit() -> None:
+    big = b"data: " + b"x" * 100 + b"\n\n"
+    decoder = SSEDecoder(max_event_bytes=len(big) - 1)
+    assert decoder.single(big) is None
+    with pytest.raises(EventTooLarge):
+        decoder.feed_run(big)
+    decoder = SSEDecoder(max_event_bytes=len(big) - 1)
+    with pytest.raises(EventTooLarge):
+        decoder.feed_run(b"data: 1\n\n" * 20 + big + b"data: 2\n\n")
+    decoder = SSEDecoder(max_event_bytes=len(big))
+    _, _, datas = decoder.feed_run(b"data: 1\n\n" * 20 + big)
+    assert len(datas) == 21 and datas[-1] == big[6:-2]
+
+
+def test_a_slowly_growing_event_costs_linear_time() -> None:
+    """Each read that ends a line is parsed from that line on, never from the block's
+    start: 2 MiB of lines that come 16 bytes at a time, or a line that comes a byte at a
+    time, take well under a second (re-reading the block on each read took minutes)."""
+    decoder = SSEDecoder(max_event_bytes=4 << 20)
+    line = b"data: " + b"x" * 9 + b"\n"
+    started = time.monotonic()
+    for _ in range((2 << 20) // len(line)):
+        assert decoder.feed(line) == []
+    events = decoder.feed(b"\n")
+    assert len(events) == 1 and len(events[0].raw) > 2 << 20
+    assert events[0].data == b"\n".join([b"x" * 9] * ((2 << 20) // len(line)))
+    decoder.feed(b"data: ")
+    for _ in range(1 << 19):
+        decoder.feed(b"y")
+    assert [e.data for e in decoder.feed(b"\n\n")] == [b"y" * (1 << 19)]
+    assert time.monotonic() - started < 5

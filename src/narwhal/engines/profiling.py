@@ -54,7 +54,7 @@ from narwhal.protocol.exposure import Exposure
 from narwhal.protocol.forward import StreamCollector
 from narwhal.protocol.requests import CompletionRequest, Route, parse_request
 from narwhal.protocol.tracker import OutputTracker
-from narwhal.protocol.upstream import upstream_body
+from narwhal.protocol.upstream import CHOICES, upstream_body
 from narwhal.scheduler.predictive import decoding_on
 from narwhal.scheduler.registry import EngineEntry, EngineRegistry
 
@@ -245,11 +245,13 @@ class Profiler:
     ) -> ProbeSample:
         request = self._request(route, prompt_tokens, client)
         tracker = OutputTracker(
-            route, token_ids=route in client.capabilities.token_ids_on, prompt_ids=False
+            route,
+            token_ids=route in client.capabilities.token_ids_on,
+            prompt_ids=False,
+            choices=CHOICES,
         )
-        sink = StreamCollector(
-            tracker, Assembler(route, Exposure(token_ids=False, usage=True, continuous_usage=False))
-        )
+        exposure = Exposure(token_ids=False, usage=True, continuous_usage=False)
+        sink = StreamCollector(tracker, Assembler(route, exposure, choices=CHOICES))
         request_id = f"narwhal-profile-{entry.name}-{next(self._sequence)}"
         now = time.monotonic()
         decoding = decoding_on(entry)
@@ -261,7 +263,7 @@ class Profiler:
             )
             stream = EngineStream(client.name, response, sink)
             try:
-                while await stream.read() is not None:
+                while not stream.done and await stream.read() is not None:
                     pass
             finally:
                 stream.close()

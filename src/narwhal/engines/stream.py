@@ -9,6 +9,7 @@ already sent).
 
 from __future__ import annotations
 
+import asyncio
 import time
 
 from narwhal.engines.upstream import BodyConsumer, UpstreamResponse
@@ -89,6 +90,19 @@ class EngineStream:
     def at_eof(self) -> bool:
         """The engine's body is complete and all of it was read."""
         return self._eof or self._response.at_eof()
+
+    async def settle(self, grace: float) -> None:
+        """After `[DONE]`: wait up to `grace` seconds for the end of the body (engines
+        write it right after `[DONE]`, often in a packet of its own), so the connection
+        can be reused; an engine that keeps the body open is closed on (`close`)."""
+        if self.at_eof():
+            return
+        try:
+            async with asyncio.timeout(grace):
+                if not await self._response.read_chunk():
+                    self._eof = True
+        except (TimeoutError, OSError):
+            pass
 
     async def drain(self) -> None:
         """After `[DONE]`: read the end of the body, so the connection can be reused."""

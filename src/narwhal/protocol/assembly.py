@@ -34,6 +34,7 @@ from narwhal.protocol.fields import (
     expect_str,
     is_empty,
     malformed,
+    unexpected_choice,
     unsupported,
 )
 from narwhal.protocol.logprobs import Logprobs
@@ -41,6 +42,8 @@ from narwhal.protocol.tokens import check_token_ids, sglext_output_ids
 from narwhal.protocol.toolcalls import FunctionCall, ToolCalls
 from narwhal.protocol.usage import computed_usage, event_usage
 
+# What one answer may be assembled from by default (`fleet.max_response_bytes`).
+DEFAULT_MAX_RESPONSE_BYTES: Final = 64 << 20
 _OBJECT: Final = {"chat": "chat.completion", "completion": "text_completion"}
 # Identification first, as OpenAI and vLLM order their responses.
 _HEAD: Final = ("id", "object", "created", "model")
@@ -50,6 +53,17 @@ _NOT_METADATA: Final = TOP_LEVEL_DROPPED | {"prompt_token_ids", "sglext"}
 _DELTA_TEXT: Final = frozenset(DELTA_TEXT)
 # The message fields a delta may send as null (the role never is).
 _MESSAGE_FIELDS: Final = frozenset(DELTA_OUTPUT)
+
+
+class ResponseTooLarge(EngineOutputError):
+    """The events of one non-streaming answer passed the size it may be assembled from."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(
+            f"engine's answer is longer than fleet.max_response_bytes ({limit} bytes of "
+            "events); a streaming request has no such bound"
+        )
+        self.limit = limit
 
 
 class _Choice:
@@ -255,6 +269,7 @@ class Assembler:
     """Feed decoded engine events in stream order; `result` builds the response."""
 
     __slots__ = (
+        "_asked",
         "_choice_type",
         "_choices",
         "_keep_ids",
@@ -266,8 +281,11 @@ class Assembler:
         "_usage",
     )
 
-    def __init__(self, route: Route, exposure: Exposure) -> None:
+    def __init__(self, route: Route, exposure: Exposure, *, choices: int | None = None) -> None:
+        """`choices`: how many the engine was asked for (its `n`); an index past them is
+        malformed output, and no state is built for it (None: any index)."""
         self._route: Route = route
+        self._asked = choices
         self._keep_ids = exposure.token_ids
         # vLLM's own answer to a client without IDs has its ID lists, null.
         self._null_ids = exposure.null_ids and not exposure.token_ids
@@ -305,6 +323,8 @@ class Assembler:
             index = choice.get("index")
             if type(index) is not int or index < 0:
                 malformed("choice index", "a nonnegative integer")
+            if self._asked is not None and index >= self._asked:
+                raise unexpected_choice(index, self._asked)
             state = self._choices.get(index)
             if state is None:
                 state = self._choices[index] = self._choice_type(index, self._route, self._keep_ids)

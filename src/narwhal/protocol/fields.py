@@ -72,6 +72,15 @@ def malformed(where: str, expected: str) -> NoReturn:
     raise EngineOutputError(f"engine sent a malformed {where}: expected {expected}")
 
 
+def unexpected_choice(index: int, choices: int) -> EngineOutputError:
+    """The error for a choice the request could not produce: the engine was asked for
+    `choices` (its `n`), indexed from 0."""
+    asked = "one choice" if choices == 1 else f"{choices} choices"
+    return EngineOutputError(
+        f"engine sent a malformed choice index {index}: the request asked for {asked}"
+    )
+
+
 def expect_str(value: Any, where: str) -> str:
     if type(value) is not str:
         malformed(where, "a string")

@@ -9,7 +9,9 @@ the engine's `data: [DONE]`) from a truncated one.
   events (`plain.py`) go out as the engine's own bytes, with the `token_ids` keys cut
   out when the client did not ask for IDs; every other event takes the general path:
   decoded to a dict, `apply_exposure`, and its raw bytes or a re-encoding.
-- `StreamCollector` (non-streaming clients) hands every decoded event to the assembler.
+- `StreamCollector` (non-streaming clients) hands every decoded event to the assembler,
+  up to `[DONE]` (what follows is ignored) and up to `max_response_bytes` of events'
+  data: past it the attempt fails, since the whole answer is held until its end.
 
 `[DONE]` is never forwarded: the relay writes its own after a clean end, so a stream cut
 short can never look complete.
@@ -28,7 +30,7 @@ from typing import Any, Final, cast
 
 import msgspec
 
-from narwhal.protocol.assembly import Assembler
+from narwhal.protocol.assembly import DEFAULT_MAX_RESPONSE_BYTES, Assembler, ResponseTooLarge
 from narwhal.protocol.events import decode_event, encode_sse_event
 from narwhal.protocol.exposure import Exposed, Exposure, apply_exposure, needs_rewrite
 from narwhal.protocol.plain import (
@@ -42,7 +44,7 @@ from narwhal.protocol.plain import (
     quiet_events,
     strip_token_ids,
 )
-from narwhal.protocol.sse import SSEDecoder, SSEEvent
+from narwhal.protocol.sse import DEFAULT_MAX_EVENT_BYTES, SSEDecoder, SSEEvent
 from narwhal.protocol.tracker import OutputTracker
 
 _DONE: Final = b"[DONE]"
@@ -68,7 +70,13 @@ class StreamForwarder:
         "tracker",
     )
 
-    def __init__(self, tracker: OutputTracker, exposure: Exposure) -> None:
+    def __init__(
+        self,
+        tracker: OutputTracker,
+        exposure: Exposure,
+        *,
+        max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES,
+    ) -> None:
         self.tracker = tracker
         self._exposure = exposure
         self._rewrite = needs_rewrite(exposure)
@@ -77,7 +85,7 @@ class StreamForwarder:
         self._null_ids = exposure.null_ids
         # Completion chunks carry `"prompt_token_ids": null` per choice (chat: top level).
         self._completion = tracker.route == "completion"
-        self._decoder = SSEDecoder()
+        self._decoder = SSEDecoder(max_event_bytes)
         # The usage-only chunk is dropped for this client: hold the last chunk for it.
         self._holds_last = not exposure.usage
         self._held = b""  # client bytes held back (see the module docstring)
@@ -283,12 +291,21 @@ def _frame(data: bytes) -> bytes:
 
 
 class StreamCollector:
-    __slots__ = ("_assembler", "_decoder", "done", "events", "tracker")
+    __slots__ = ("_assembler", "_decoder", "_left", "_limit", "done", "events", "tracker")
 
-    def __init__(self, tracker: OutputTracker, assembler: Assembler) -> None:
+    def __init__(
+        self,
+        tracker: OutputTracker,
+        assembler: Assembler,
+        *,
+        max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES,
+        max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
+    ) -> None:
         self.tracker = tracker
         self._assembler = assembler
-        self._decoder = SSEDecoder()
+        self._decoder = SSEDecoder(max_event_bytes)
+        self._limit = max_response_bytes
+        self._left = max_response_bytes  # bytes of event data the answer may still take
         self.done = False
         self.events = 0
 
@@ -314,10 +331,15 @@ class StreamCollector:
         return b""
 
     def _add(self, data: bytes, now: float) -> None:
+        if self.done:
+            return  # after the engine's [DONE]: not part of the answer
         self.events += 1
         if data == _DONE:
             self.done = True
             return
+        self._left -= len(data)
+        if self._left < 0:
+            raise ResponseTooLarge(self._limit)
         decoded = decode_event(data)
         self.tracker.observe(decoded, now)
         self._assembler.add(decoded)

@@ -26,11 +26,22 @@ Fast path: vLLM writes whole `data: {...}\\n\\n` events, often several per read
 (PROTOCOL.md §2.1). At a block start, a `data: ` line followed directly by a blank
 LF line is sliced out with one `find`; everything else (CR line ends, several
 lines, other fields) goes through the general line parser.
+
+Bounded and linear: an event's block may be at most `max_event_bytes` long (its `raw`,
+blank line included), and so may the bytes an unfinished block holds: past it `feed`
+raises `EventTooLarge`, however the bytes were split, so a peer cannot make the decoder
+hold more than about the limit (a line that never ends included). An unfinished block
+is kept as its complete lines (`_head`, parsed once, joined once when the block ends)
+and its unfinished line (`_tail`, a `bytearray`): bytes that end no line are only
+appended, and a chunk that ends one is parsed from the start of that line, so a block
+that arrives a byte at a time costs time linear in its size.
 """
 
 from __future__ import annotations
 
 from typing import Final, NamedTuple
+
+from narwhal.protocol.events import EngineOutputError
 
 _BOM: Final = b"\xef\xbb\xbf"
 _LF: Final = 0x0A
@@ -38,6 +49,19 @@ _CR: Final = 0x0D
 _COLON: Final = 0x3A
 _DONE: Final = b"[DONE]"
 _NOTHING: Final = b""  # the empty buffer (a bytearray only while bytes are pending)
+# Far above any real event: vLLM's largest is its first chunk with the prompt's token IDs,
+# about 7 bytes a prompt token. `fleet.max_event_bytes` takes its default from here.
+DEFAULT_MAX_EVENT_BYTES: Final = 8 << 20
+
+
+class EventTooLarge(EngineOutputError):
+    """An event's block, or the unfinished one's bytes, passed the decoder's limit."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(
+            f"engine sent an SSE event longer than fleet.max_event_bytes ({limit} bytes)"
+        )
+        self.limit = limit
 
 
 class SSEEvent(NamedTuple):
@@ -73,13 +97,25 @@ def format_event(data: bytes, event: str | None = None) -> bytes:
 class SSEDecoder:
     """Feed bytes split anywhere; get the events they complete, in order."""
 
-    __slots__ = ("_bom", "_buf", "_data", "_event", "_last_id", "_pos", "_skip_lf")
+    __slots__ = (
+        "_bom",
+        "_data",
+        "_event",
+        "_head",
+        "_head_size",
+        "_last_id",
+        "_limit",
+        "_skip_lf",
+        "_tail",
+    )
 
-    def __init__(self) -> None:
-        # The unfinished block, from its first byte (kept whole for `raw`).
-        self._buf: bytes | bytearray = _NOTHING
-        # How many bytes of `_buf` were already parsed as complete lines.
-        self._pos = 0
+    def __init__(self, max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES) -> None:
+        self._limit = max_event_bytes
+        # The unfinished block: its complete lines, already parsed (kept for `raw`) ...
+        self._head: list[bytes] = []
+        self._head_size = 0
+        # ... and its unfinished line, not yet parsed.
+        self._tail: bytes | bytearray = _NOTHING
         # The last line ended with a CR at the end of the input: an LF next is its tail.
         self._skip_lf = False
         # Bytes of a possible BOM seen at the stream start; None once past the start.
@@ -93,35 +129,42 @@ class SSEDecoder:
     def pending(self) -> bool:
         """Bytes arrived that no complete event or blank line has consumed yet. After
         the last `feed`, True means the stream ended inside an event (truncated)."""
-        return bool(self._buf) or bool(self._bom)
+        return bool(self._head) or bool(self._tail) or bool(self._bom)
 
     def feed(self, chunk: bytes) -> list[SSEEvent]:
-        """Take the next bytes of the stream; return the events they complete."""
+        """Take the next bytes of the stream; return the events they complete.
+
+        Raises EventTooLarge when an event, or the unfinished one, passes the limit."""
         if self._bom is not None:
             chunk = self._strip_bom(chunk)
         if not chunk:
             return []
-        if self._buf:
-            if chunk.find(b"\n") == -1 and chunk.find(b"\r") == -1:
-                # No line can end in this chunk: keep it and stay linear when the
-                # stream arrives a byte at a time.
-                self._buf += chunk
-                self._skip_lf = False
-                return []
-            self._buf += chunk
-            work = bytes(self._buf)
-        else:
-            work = chunk
-        return self._parse(work)
+        tail = self._tail
+        if chunk.find(b"\n") == -1 and chunk.find(b"\r") == -1:
+            # No line can end in this chunk: keep it and stay linear when the stream
+            # arrives a byte at a time.
+            if tail:
+                tail += chunk  # (a bytearray: in place)
+            else:
+                self._tail = tail = bytearray(chunk)
+            self._skip_lf = False
+            if self._head_size + len(tail) > self._limit:
+                raise EventTooLarge(self._limit)
+            return []
+        if tail:
+            self._tail = _NOTHING
+            return self._parse(b"".join((tail, chunk)))
+        return self._parse(chunk)
 
     def single(self, chunk: bytes) -> bytes | None:
         """The data of `chunk` when it is exactly one whole one-line `data: …` event
         ended by a blank LF line and nothing is pending (a live stream's usual read);
         else None, and nothing is consumed."""
-        if self._buf or self._bom is not None or self._skip_lf:
+        if self._head or self._tail or self._bom is not None or self._skip_lf:
             return None
         if (
-            chunk.startswith(b"data: ")
+            len(chunk) <= self._limit
+            and chunk.startswith(b"data: ")
             and chunk.find(b"\n") == len(chunk) - 2
             and chunk.endswith(b"\n\n")
             and chunk.find(b"\r") == -1
@@ -150,10 +193,10 @@ class SSEDecoder:
             return self.feed(chunk), b"", []
         events: list[SSEEvent] = []
         rest = chunk
-        if self._buf:
+        if self._head or self._tail:
             # Finish the pending event with the general parser (its blank line may
             # straddle the two chunks), then look at what follows.
-            if self._buf.endswith(b"\n") and chunk.startswith(b"\n"):
+            if not self._tail and self._head[-1].endswith(b"\n") and chunk.startswith(b"\n"):
                 cut = 1
             else:
                 cut = chunk.find(b"\n\n") + 2
@@ -161,7 +204,7 @@ class SSEDecoder:
                     return self.feed(chunk), b"", []
             events = self.feed(chunk[:cut])
             rest = chunk[cut:]
-            if self._buf:
+            if self._head or self._tail:
                 return events + self.feed(rest), b"", []
         last = rest.rfind(b"\n\n") + 2
         if last == 1:
@@ -175,6 +218,8 @@ class SSEDecoder:
         datas = run[6:-2].split(b"\n\ndata: ")
         if run.count(b"\n") != 2 * len(datas):
             return events + self.feed(rest), b"", []
+        if last > self._limit and max(map(len, datas)) + 8 > self._limit:  # (8: the framing)
+            raise EventTooLarge(self._limit)
         if last < len(rest):
             # No blank line in the tail (the run took the last one) and it cannot start
             # with LF (then the run would end in three), so this only buffers it.
@@ -195,33 +240,38 @@ class SSEDecoder:
         return seen[len(_BOM) :] if seen.startswith(_BOM) else seen
 
     def _parse(self, work: bytes) -> list[SSEEvent]:
+        """Parse `work`: the unfinished line (if any) and the chunk after it."""
         events: list[SSEEvent] = []
         append = events.append
         find = work.find
         n = len(work)
-        start = 0  # first byte of the current block
-        pos = self._pos  # first byte not yet parsed
+        limit = self._limit
+        head = self._head
+        # The current block's first byte; -1 while it began in an earlier chunk (then its
+        # complete lines are in `head`).
+        start = -1 if head else 0
+        pos = 0  # first byte not yet parsed
         if self._skip_lf:
             self._skip_lf = False
-            if work[pos] == _LF:
-                pos += 1
-                if start == pos - 1:  # the CR ended a whole block: the LF is no one's
-                    start = pos
+            if work[0] == _LF:
+                pos = 1
+                if start == 0:  # the CR ended a whole block: the LF is no one's
+                    start = 1
         cr = find(b"\r", pos)
-        limit = n if cr == -1 else cr  # no line before it ends at a CR
+        stop = n if cr == -1 else cr  # no line before it ends at a CR
         while pos < n:
             if cr != -1 and cr < pos:
                 cr = find(b"\r", pos)
-                limit = n if cr == -1 else cr
+                stop = n if cr == -1 else cr
             if pos == start:
                 # The common case, as tight as it goes: whole `data: ...` lines each
                 # followed by a blank LF line, all before any CR.
                 last_id = self._last_id
                 while True:
-                    lf = find(b"\n", pos, limit)
+                    lf = find(b"\n", pos, stop)
                     if (
                         lf == -1
-                        or lf + 1 >= limit
+                        or lf + 1 >= stop
                         or work[lf + 1] != _LF
                         or not work.startswith(b"data: ", pos)
                     ):
@@ -232,7 +282,7 @@ class SSEDecoder:
                 if pos >= n:
                     break
             # The general case: parse one line, whatever ends it.
-            lf = find(b"\n", pos, limit)
+            lf = find(b"\n", pos, stop)
             if lf != -1:
                 end = lf
                 nxt = lf + 1
@@ -247,19 +297,39 @@ class SSEDecoder:
                 break  # an incomplete line: wait for more bytes
             if end == pos:
                 # A blank line ends the block; it dispatches only if data came.
-                if self._data is not None:
-                    append(self._dispatch(work[start:nxt]))
+                if start < 0:
+                    if self._head_size + nxt > limit:
+                        raise EventTooLarge(limit)
+                    if self._data is not None:
+                        head.append(work[:nxt])
+                        append(self._dispatch(b"".join(head)))
+                    self._head = head = []
+                    self._head_size = 0
+                else:
+                    if nxt - start > limit:
+                        raise EventTooLarge(limit)
+                    if self._data is not None:
+                        append(self._dispatch(work[start:nxt]))
                 self._event = None
                 start = nxt
             else:
                 self._field(work[pos:end])
             pos = nxt
+        if n > limit:
+            # Only a chunk past the limit can hold a whole event past it.
+            for sse in events:
+                if len(sse.raw) > limit:
+                    raise EventTooLarge(limit)
         if start < n:
-            self._buf = bytearray(work[start:])
-            self._pos = pos - start
-        else:
-            self._buf = _NOTHING
-            self._pos = 0
+            # The unfinished block: its complete lines here, then its unfinished line.
+            first = max(start, 0)
+            if pos > first:
+                head.append(work[first:pos])
+                self._head_size += pos - first
+            if pos < n:
+                self._tail = bytearray(memoryview(work)[pos:])
+            if self._head_size + len(self._tail) > limit:
+                raise EventTooLarge(limit)
         return events
 
     def _field(self, line: bytes) -> None:

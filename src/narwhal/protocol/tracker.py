@@ -18,6 +18,7 @@ from typing import Any
 from msgspec import UNSET
 
 from narwhal.protocol.events import EngineOutputError, Route, raise_for_engine_error
+from narwhal.protocol.fields import unexpected_choice
 from narwhal.protocol.plain import PlainEvent
 from narwhal.protocol.tokens import (
     carries_output,
@@ -29,6 +30,7 @@ from narwhal.protocol.tokens import (
 
 class OutputTracker:
     __slots__ = (
+        "_choices",
         "_finish_reasons",
         "_first_count",
         "_prompt_ids",
@@ -42,10 +44,20 @@ class OutputTracker:
         "usage",
     )
 
-    def __init__(self, route: Route, *, token_ids: bool, prompt_ids: bool = True) -> None:
+    def __init__(
+        self,
+        route: Route,
+        *,
+        token_ids: bool,
+        prompt_ids: bool = True,
+        choices: int | None = None,
+    ) -> None:
         """`token_ids`: the engine supplies them; `prompt_ids`: the client will see the
-        prompt's IDs, so they are checked too."""
+        prompt's IDs, so they are checked too; `choices`: how many the engine was asked
+        for (its `n`), so an index outside 0 .. choices-1 fails the attempt (None: any
+        index, for tests of wider streams)."""
         self._route = route
+        self._choices = choices
         self._token_ids = token_ids
         self._prompt_ids = prompt_ids
         self._finish_reasons: dict[int, str | None] = {}  # choice index -> finish_reason
@@ -77,6 +89,8 @@ class OutputTracker:
                 index = choice.get("index", 0)
                 if type(index) is not int:
                     raise EngineOutputError("engine sent a choice index that is not an integer")
+                if self._choices is not None and not 0 <= index < self._choices:
+                    raise unexpected_choice(index, self._choices)
                 if reason is not None or index not in self._finish_reasons:
                     self._finish_reasons[index] = reason
                     self.finish_seen = self.finish_seen or reason is not None
@@ -104,6 +118,7 @@ class OutputTracker:
         token_ids = self._token_ids
         chat = self._route == "chat"
         reasons = self._finish_reasons
+        bound = self._choices
         total = 0
         first = 0  # the first output event's tokens
         keys = 0
@@ -113,6 +128,11 @@ class OutputTracker:
                 continue
             count = 0
             for choice in choices:
+                index = choice.index
+                if bound is not None and not 0 <= index < bound:
+                    if total:
+                        self._record(total, first, now)
+                    raise unexpected_choice(index, bound)
                 ids = choice.token_ids
                 if ids is not UNSET:
                     keys += 1
@@ -134,7 +154,6 @@ class OutputTracker:
                             raise missing_token_ids()
                         count += 1
                 reason = choice.finish_reason
-                index = choice.index
                 if reason is not None or index not in reasons:
                     reasons[index] = reason
                     self.finish_seen = self.finish_seen or reason is not None

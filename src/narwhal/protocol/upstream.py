@@ -9,10 +9,15 @@ since some such servers answer 422 to unknown fields (PROTOCOL.md section 6.3).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Final
 
 from narwhal.protocol.dialects import VLLM_ONLY_FIELDS, Dialect, capabilities
 from narwhal.protocol.requests import CompletionRequest
+
+CHOICES: Final = 1
+"""The choices an engine is asked for: a request's `n` is absent or 1 (`parse_request`
+refuses more), and it reaches the engine as the client wrote it. A choice index past it
+is malformed engine output (`OutputTracker`, `Assembler`)."""
 
 
 def upstream_body(request: CompletionRequest, dialect: Dialect) -> dict[str, Any]:
