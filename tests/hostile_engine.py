@@ -1,0 +1,90 @@
+"""An engine that answers what a test scripts, in the test's own event loop.
+
+`HostileEngine` serves `/health` and both completion routes of an OpenAI-compatible
+server (the router's `openai` dialect: no /metrics, no /tokenize needed) on one or more
+loopback ports. Every completion request gets the body `script(request_body)` returns:
+its pieces are written one by one (each one write, so the router reads them apart), then
+the response ends, or with `abort=True` the connection is dropped without ending the
+chunked body (the router sees a broken stream).
+
+The pieces are the test's own objects: a test that measures the router's memory builds
+them before its baseline, so the engine allocates nothing it has to tell apart.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from aiohttp import web
+
+from narwhal.config import AdmissionConfig, Config, EngineConfig, FleetConfig
+
+
+@dataclass(frozen=True, slots=True)
+class Script:
+    pieces: Sequence[bytes]
+    abort: bool = False  # drop the connection instead of ending the body
+
+
+def sse(event: Any) -> bytes:
+    """One SSE event of `event`'s JSON, or `[DONE]` for the string "[DONE]"."""
+    data = event if event == "[DONE]" else json.dumps(event, separators=(",", ":"))
+    return f"data: {data}\n\n".encode()
+
+
+class HostileEngine:
+    def __init__(self, script: Callable[[dict[str, Any]], Script], *, ports: int = 1) -> None:
+        self._script = script
+        self._ports = ports
+        self._runner: web.AppRunner | None = None
+        self.urls: list[str] = []
+        self.requests = 0
+
+    async def __aenter__(self) -> HostileEngine:
+        app = web.Application()
+        app.router.add_get("/health", self._health)
+        app.router.add_post("/v1/chat/completions", self._complete)
+        app.router.add_post("/v1/completions", self._complete)
+        self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.5)
+        await self._runner.setup()
+        for _ in range(self._ports):
+            await web.TCPSite(self._runner, "127.0.0.1", 0).start()
+        ports = [a[1] for a in self._runner.addresses if isinstance(a, tuple)]
+        self.urls = [f"http://127.0.0.1:{port}" for port in ports]
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+
+    def config(self, model: str, **fleet: Any) -> Config:
+        """A router configuration with one `openai` engine per port, in open admission."""
+        return Config(
+            model=model,
+            engines=tuple(
+                EngineConfig(name=f"h{i}", url=url, dialect="openai")
+                for i, url in enumerate(self.urls)
+            ),
+            admission=AdmissionConfig(mode="open"),
+            fleet=FleetConfig(max_attempts=len(self.urls), **fleet),
+        )
+
+    async def _health(self, request: web.Request) -> web.Response:
+        return web.Response(text="ok")
+
+    async def _complete(self, request: web.Request) -> web.StreamResponse:
+        self.requests += 1
+        script = self._script(await request.json())
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        for piece in script.pieces:
+            await response.write(piece)
+        if script.abort:
+            assert request.transport is not None
+            request.transport.abort()
+            return response
+        await response.write_eof()
+        return response
