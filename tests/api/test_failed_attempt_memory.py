@@ -47,6 +47,13 @@ def _unfinished_event_then_drop() -> Script:
     return Script([head] + [b"x" * PIECE] * (PAYLOAD // PIECE), abort=True)
 
 
+def _started_then_unfinished_event_then_drop() -> Script:
+    """A first event (the response starts), then `_unfinished_event_then_drop`."""
+    first = sse({"id": "x", "choices": [{"index": 0, "delta": {"role": "assistant"}}]})
+    unfinished = _unfinished_event_then_drop()
+    return Script([first, *unfinished.pieces], abort=True)
+
+
 @pytest.fixture
 def no_gc() -> Iterator[None]:
     gc.collect()
@@ -61,6 +68,7 @@ CASES: dict[str, tuple[Callable[[], Script], bool, int, int]] = {
     # name: (the engine's answer, the client streams, status, engine requests per request)
     "assembled": (_assembled_then_error, False, 502, 2),
     "streaming": (_unfinished_event_then_drop, True, 502, 2),
+    "after-headers": (_started_then_unfinished_event_then_drop, True, 200, 1),
 }
 
 

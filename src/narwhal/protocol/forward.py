@@ -106,6 +106,13 @@ class StreamForwarder:
         held, self._held = self._held, b""
         return held
 
+    def release(self) -> None:
+        """The stream is over: drop what is buffered (an unfinished event can be as long
+        as the engine made it), whoever still holds this forwarder."""
+        self._decoder = SSEDecoder()
+        self._held = b""
+        self._moved = None
+
     def _hold_last(self, out: bytes) -> bytes:
         if self._held:
             out = self._held + out
@@ -287,7 +294,7 @@ class StreamCollector:
 
     def __init__(self, tracker: OutputTracker, assembler: Assembler) -> None:
         self.tracker = tracker
-        self._assembler = assembler
+        self._assembler: Assembler | None = assembler
         self._decoder = SSEDecoder()
         self.done = False
         self.events = 0
@@ -298,6 +305,12 @@ class StreamCollector:
 
     def flush(self) -> bytes:
         return b""  # nothing is ever written for a non-streaming client
+
+    def release(self) -> None:
+        """The stream is over: drop the unfinished event and the assembled output (the
+        caller took its result already), whoever still holds this collector."""
+        self._decoder = SSEDecoder()
+        self._assembler = None
 
     def feed(self, chunk: bytes, now: float) -> bytes:
         """Take the engine's next bytes and assemble their events; nothing to write."""
@@ -320,4 +333,7 @@ class StreamCollector:
             return
         decoded = decode_event(data)
         self.tracker.observe(decoded, now)
-        self._assembler.add(decoded)
+        assembler = self._assembler
+        if assembler is None:
+            raise RuntimeError("a released stream collector was fed")
+        assembler.add(decoded)
