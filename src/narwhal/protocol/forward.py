@@ -1,9 +1,11 @@
 """One engine stream's bytes in: the streaming client's bytes, or the assembler's events, out.
 
 Both sinks decode the engine's SSE, pass every event through the attempt's
-`OutputTracker` exactly once (validation, accounting, timing) and count what they saw,
-so the dispatcher can tell "no event yet" from "events in hand" and a clean end (`done`:
-the engine's `data: [DONE]`) from a truncated one.
+`OutputTracker` exactly once (validation, accounting, timing), then through
+`shape.check_event` (what is malformed: the collector's assembler runs it, so a stream
+refuses what assembly refuses; plain events are typed to the same rules), and count what
+they saw, so the dispatcher can tell "no event yet" from "events in hand" and a clean end
+(`done`: the engine's `data: [DONE]`) from a truncated one.
 
 - `StreamForwarder` (streaming clients) returns the bytes to write for each read. Plain
   events (`plain.py`) go out as the engine's own bytes, with the `token_ids` keys cut
@@ -42,6 +44,7 @@ from narwhal.protocol.plain import (
     quiet_events,
     strip_token_ids,
 )
+from narwhal.protocol.shape import check_event
 from narwhal.protocol.sse import SSEDecoder, SSEEvent
 from narwhal.protocol.tracker import OutputTracker
 
@@ -203,6 +206,8 @@ class StreamForwarder:
             return b""
         decoded = decode_event(data)
         self.tracker.observe(decoded, now)
+        # What the assembler refuses as malformed never reaches a streaming client either.
+        check_event(decoded, self.tracker.route)
         if not self._rewrite:
             return raw
         usage_only = self._holds_last and "usage" in decoded and not decoded.get("choices")
