@@ -3,9 +3,9 @@
 `HostileEngine` serves `/health` and both completion routes of an OpenAI-compatible
 server (the router's `openai` dialect: no /metrics, no /tokenize needed) on one or more
 loopback ports. Every completion request gets the body `script(request_body)` returns:
-its pieces are written one by one (each one write, so the router reads them apart), then
-the response ends, or with `abort=True` the connection is dropped without ending the
-chunked body (the router sees a broken stream).
+its pieces are written one by one (each one write, so the router may read them apart;
+`pause_after` makes sure), then the response ends, or with `abort=True` the connection
+is dropped without ending the chunked body (the router sees a broken stream).
 
 The pieces are the test's own objects: a test that measures the router's memory builds
 them before its baseline, so the engine allocates nothing it has to tell apart.
@@ -13,6 +13,7 @@ them before its baseline, so the engine allocates nothing it has to tell apart.
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -20,13 +21,17 @@ from typing import Any
 
 from aiohttp import web
 
-from narwhal.config import AdmissionConfig, Config, EngineConfig, FleetConfig
+from narwhal.config import Config, config_from_mapping
 
 
 @dataclass(frozen=True, slots=True)
 class Script:
     pieces: Sequence[bytes]
     abort: bool = False  # drop the connection instead of ending the body
+    # After this many pieces, a pause: the router has the first events in hand and starts
+    # the response before the rest comes (a failure after it is one after the headers).
+    pause_after: int | None = None
+    pause_s: float = 0.1
 
 
 def sse(event: Any) -> bytes:
@@ -60,17 +65,22 @@ class HostileEngine:
         if self._runner is not None:
             await self._runner.cleanup()
 
-    def config(self, model: str, **fleet: Any) -> Config:
-        """A router configuration with one `openai` engine per port, in open admission."""
-        return Config(
-            model=model,
-            engines=tuple(
-                EngineConfig(name=f"h{i}", url=url, dialect="openai")
+    def settings(self, model: str) -> dict[str, Any]:
+        """A router configuration (as YAML would give it) with one `openai` engine per
+        port, open admission and one attempt per engine."""
+        return {
+            "model": model,
+            "engines": [
+                {"name": f"h{i}", "url": url, "dialect": "openai"}
                 for i, url in enumerate(self.urls)
-            ),
-            admission=AdmissionConfig(mode="open"),
-            fleet=FleetConfig(max_attempts=len(self.urls), **fleet),
-        )
+            ],
+            "admission": {"mode": "open"},
+            "fleet": {"max_attempts": len(self.urls)},
+        }
+
+    def config(self, model: str) -> Config:
+        """`settings` as the router's typed configuration, for a router in this process."""
+        return config_from_mapping(self.settings(model))
 
     async def _health(self, request: web.Request) -> web.Response:
         return web.Response(text="ok")
@@ -80,7 +90,9 @@ class HostileEngine:
         script = self._script(await request.json())
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await response.prepare(request)
-        for piece in script.pieces:
+        for i, piece in enumerate(script.pieces):
+            if i == script.pause_after:
+                await asyncio.sleep(script.pause_s)
             await response.write(piece)
         if script.abort:
             assert request.transport is not None
