@@ -82,6 +82,17 @@ async def relay_stream(
             expiry = TerminalExpiry("The request deadline expired while streaming.")
             await _write_last(http, response, stream.flush() + expiry.sse_event(), deadline)
             return response, expiry.outcome
+        except ConnectionError:
+            raise  # the client is gone (below)
+        except Exception:
+            # A bug, not an engine condition (the pushed reads have the same net, `_Pump`).
+            # The status is fixed: nothing above may answer a 500 over the stream.
+            log.exception(
+                "request %s: relaying engine %s's stream failed", request_id, stream.engine_name
+            )
+            bug = NarwhalError("Internal router error while relaying the stream.")
+            await _write_last(http, response, stream.flush() + bug.sse_event(), deadline)
+            return response, bug.outcome
         if not await _write_last(http, response, payload + stream.flush() + _DONE_EVENT, deadline):
             return response, "expired"  # the client took nothing more until its deadline
     except ConnectionError:
