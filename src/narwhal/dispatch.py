@@ -125,8 +125,10 @@ class StreamLease:
             metrics.expired.labels("deadline_streaming").inc()
         elif outcome == "upstream_error":
             metrics.engine_series(self.stream.engine_name).failures["after_headers"].inc()
-        dispatcher.end_attempt(self.stream, self.context)
-        dispatcher.release(self._ticket)
+        try:
+            dispatcher.end_attempt(self.stream, self.context)
+        finally:
+            dispatcher.release(self._ticket)  # whatever accounting did (a bug is raised on)
 
 
 def _unavailable(reason: str) -> RouterUnavailable:

@@ -14,6 +14,7 @@ import pytest
 from narwhal.config import Config
 from narwhal.protocol.forward import StreamCollector, StreamForwarder
 from narwhal.router import Router
+from tests.e2e.test_admission import GAUGES
 from tests.hostile_engine import HostileEngine, Script
 from tests.in_process import serve_app
 from tests.metrics_text import samples
@@ -186,3 +187,29 @@ async def test_a_sink_bug_while_streaming_is_an_error_event_counted_internal_err
     assert last["error"]["type"] == "server_error" and last["error"]["code"] is None
     _assert_counted_internal(values)
     _assert_one_traceback(caplog)
+
+
+@pytest.mark.parametrize("stream", [True, False], ids=["streaming", "non-streaming"])
+async def test_a_bug_in_accounting_after_the_answer_still_releases_everything(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch, stream: bool
+) -> None:
+    """The engine stream is accounted once the answer is written (streaming) or
+    assembled: a bug there is the request's `internal_error`, its slots go back all the
+    same, and no 500 is written over a response that has started."""
+
+    def plant(router: Router) -> None:
+        def end_attempt(*args: object) -> None:
+            raise Bug("a bug in accounting")
+
+        monkeypatch.setattr(router.dispatcher, "end_attempt", end_attempt)
+
+    status, raw, values = await _run(caplog, [CHUNK, FINISH], stream=stream, bug=plant)
+    if stream:
+        assert status == 200
+        assert raw.endswith(b"data: [DONE]\n\n"), raw  # the answer was whole already
+    else:
+        assert status == 500, raw
+    _assert_counted_internal(values)
+    _assert_one_traceback(caplog)
+    for gauge in GAUGES:
+        assert values[gauge] == 0, gauge
