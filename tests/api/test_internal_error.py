@@ -10,7 +10,9 @@ from typing import Any, NoReturn
 
 import aiohttp
 import pytest
+from aiohttp import web
 
+from narwhal.api import completions
 from narwhal.config import Config
 from narwhal.protocol.forward import StreamCollector, StreamForwarder
 from narwhal.router import Router
@@ -100,10 +102,10 @@ async def _run(
     *,
     stream: bool,
     bug: Any,
-) -> tuple[int, bytes, dict[str, float]]:
+) -> tuple[int | None, bytes, dict[str, float]]:
     """One request through a router whose `bug(router)` has been planted, with two
-    engines (so that the scorer has a choice to make); the status, the body and the
-    metrics afterwards."""
+    engines (so that the scorer has a choice to make); the status (None: the connection
+    was cut before the response was whole), the body and the metrics afterwards."""
     script = Script(pieces, pause_after=1)
     async with HostileEngine(lambda body: script, ports=2) as engine:
         router = Router(engine.config(MODEL))
@@ -113,9 +115,13 @@ async def _run(
             async with aiohttp.ClientSession() as session:
                 body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}
                 body["stream"] = stream
+                status: int | None
                 with caplog.at_level(logging.WARNING, logger="narwhal"):
-                    async with session.post(base + "/v1/chat/completions", json=body) as r:
-                        status, raw = r.status, await r.read()
+                    try:
+                        async with session.post(base + "/v1/chat/completions", json=body) as r:
+                            status, raw = r.status, await r.read()
+                    except aiohttp.ClientPayloadError as cut:  # the connection was cut
+                        status, raw = None, repr(cut).encode()
                 async with session.get(base + "/metrics") as resp:
                     values = samples(await resp.text())
         finally:
@@ -213,3 +219,22 @@ async def test_a_bug_in_accounting_after_the_answer_still_releases_everything(
     _assert_one_traceback(caplog)
     for gauge in GAUGES:
         assert values[gauge] == 0, gauge
+
+
+async def test_no_500_is_written_over_a_stream_response_a_bug_escaped_from(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The last net: whatever escapes the relay once its response is prepared ends the
+    connection, instead of a 500 the client would read as part of the stream."""
+
+    async def relay_stream(http: web.Request, *args: object) -> NoReturn:
+        await web.StreamResponse(headers={"Content-Type": "text/event-stream"}).prepare(http)
+        raise Bug("a bug in the relay")
+
+    def plant(router: Router) -> None:
+        monkeypatch.setattr(completions, "relay_stream", relay_stream)
+
+    status, raw, values = await _run(caplog, [CHUNK, FINISH], stream=True, bug=plant)
+    assert status is None, raw
+    _assert_counted_internal(values)
+    _assert_one_traceback(caplog)
