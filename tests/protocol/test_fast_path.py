@@ -297,7 +297,8 @@ delta_values = st.fixed_dictionaries(
         "reasoning_content": st.none() | short_texts,
         "refusal": st.none() | short_texts,
         "tool_calls": st.sampled_from([None, [], [{"index": 0, "function": {"arguments": "{"}}]]),
-        "function_call": st.sampled_from([None, {}, {"name": "f"}]),
+        # (A legacy call that is not null takes the general path: GENERAL_EVENTS.)
+        "function_call": st.none(),
     },
 )
 id_lists = st.lists(st.integers(0, 2**31), max_size=3)
@@ -306,7 +307,8 @@ id_lists = st.lists(st.integers(0, 2**31), max_size=3)
 @st.composite
 def plain_choices(draw: st.DrawFn, route: Route) -> dict[str, Any]:
     choice = {
-        "index": draw(st.just(ABSENT) | st.integers(-1, 3)),
+        # (A missing or negative index is malformed: GENERAL_EVENTS.)
+        "index": draw(st.integers(0, 3)),
         "finish_reason": draw(st.sampled_from([ABSENT, None, "stop", "length"])),
         # Mostly present, so that trackers expecting IDs get past the first events.
         "token_ids": draw(st.one_of(*[id_lists] * 10, st.just(ABSENT), st.none())),
@@ -329,6 +331,11 @@ GENERAL_EVENTS = [
     {"choices": [{"index": 0, "delta": {"content": "a"}, "text": "a", "token_ids": [True]}]},
     {"choices": [{"index": 0, "delta": {"content": "a"}, "text": "a", "token_ids": [-1]}]},
     {"choices": [{"index": 0, "delta": {"content": "a"}, "text": "a"}], "usage": None},
+    {"choices": [{"index": 0, "delta": {"function_call": {"name": "f"}}, "token_ids": [4]}]},
+    {"choices": [{"index": 0, "delta": {"function_call": {}}, "finish_reason": "stop"}]},
+    {"choices": [{"index": -1, "delta": {"content": "a"}, "text": "a", "token_ids": [1]}]},
+    {"choices": [{"delta": {"content": "a"}, "text": "a", "token_ids": [1]}]},
+    {"choices": [{"index": 0, "finish_reason": 5, "token_ids": []}]},
 ]
 
 
@@ -1044,7 +1051,9 @@ def test_collector_on_recorded_streams_byte_by_byte(stream: Stream) -> None:
 # --- Undeclared fields, escaped keys ------------------------------------------------
 
 FIRST = frame(b'{"id":"c","choices":[{"index":0,"delta":{"content":"x"},"token_ids":[1]}]}')
-UNDECLARED = b'{"choices":[{"index":0,"delta":{"content":"a"},"token_ids":[1],"logprobs":%s}]}'
+UNDECLARED = (
+    b'{"choices":[{"index":0,"delta":{"content":"a"},"token_ids":[1],"weight_versions":%s}]}'
+)
 
 
 def splits(bad: bytes) -> list[list[bytes]]:

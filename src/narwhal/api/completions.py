@@ -58,6 +58,7 @@ class CompletionFront:
         metrics.offered.inc()
         outcome: Outcome = "client_gone"
         sized = False
+        relaying = False  # a stream response may have started
         try:
             deadline = arrived + self._timeout(http)
             raw = await read_limited_body(http, self._config.serving.max_request_bytes, deadline)
@@ -80,6 +81,7 @@ class CompletionFront:
             if isinstance(served, Assembled):
                 outcome = "completed"
                 return json_response(served.body, request_id=request_id)
+            relaying = True
             response, outcome = await self._relay(http, served)
             return response
         except NarwhalError as error:
@@ -112,6 +114,12 @@ class CompletionFront:
             # A bug, not a client or engine condition: log it, answer 500, count it once.
             outcome = "internal_error"
             log.exception("request %s failed unexpectedly", request_id)
+            if relaying and http.transport is not None:
+                # Never a 500 over a stream response (prepared, its headers maybe still
+                # held for the first bytes): the client would read it as part of the
+                # stream. The connection ends here instead, so no client takes the stream
+                # for a complete one, and aiohttp writes nothing more.
+                http.transport.close()
             return error_response(NarwhalError("Internal router error."), request_id)
         finally:
             metrics.count_outcome(outcome)

@@ -74,6 +74,17 @@ async def relay_stream(
             expiry = TerminalExpiry("The request deadline expired while streaming.")
             await _write_last(body, stream.flush() + expiry.sse_event(), deadline)
             return body.response, expiry.outcome
+        except ConnectionError:
+            raise  # the client is gone (below)
+        except Exception:
+            # A bug, not an engine condition (the pushed reads have the same net, `_Pump`).
+            # The status is fixed: nothing above may answer a 500 over the stream.
+            log.exception(
+                "request %s: relaying engine %s's stream failed", request_id, stream.engine_name
+            )
+            bug = NarwhalError("Internal router error while relaying the stream.")
+            await _write_last(body, stream.flush() + bug.sse_event(), deadline)
+            return body.response, bug.outcome
         if not await _write_last(body, payload + stream.flush() + _DONE_EVENT, deadline):
             return body.response, "expired"  # the client took nothing more until its deadline
     except ConnectionError:
@@ -147,7 +158,15 @@ async def _push(body: StreamBody, stream: EngineStream) -> bool:
         stream.resume()
         return False
     if isinstance(result, BaseException):
-        raise result
+        # The error's traceback will hold this frame; this frame must not hold the error
+        # (nor the pump whose future holds it), or the cycle keeps the engine's buffers
+        # alive until the next full collection.
+        error, result = result, None
+        del pump
+        try:
+            raise error
+        finally:
+            del error
     return bool(result)
 
 

@@ -113,8 +113,10 @@ class EngineStream:
 
     def close(self) -> None:
         """Release the upstream connection; an unfinished stream closes it, so the engine
-        sees the disconnect and stops generating."""
+        sees the disconnect and stops generating. The sink's buffers go too: a failure
+        that is still referenced (a traceback, a log record) must not keep them."""
         if self.at_eof() and self.sink.done:
             self._response.release()
         else:
             self._response.close()
+        self.sink.release()

@@ -38,6 +38,7 @@ from narwhal.protocol.fields import (
     unsupported,
 )
 from narwhal.protocol.logprobs import Logprobs
+from narwhal.protocol.shape import check_event
 from narwhal.protocol.tokens import check_token_ids, sglext_output_ids
 from narwhal.protocol.toolcalls import FunctionCall, ToolCalls
 from narwhal.protocol.usage import computed_usage, event_usage
@@ -300,6 +301,7 @@ class Assembler:
         """One decoded, token-ID-validated engine event. Raises UpstreamError (502) for
         an engine error event, an unsupported field with a value or a malformed one."""
         raise_for_engine_error(event)
+        check_event(event, self._route)  # what is malformed: the same for a stream
         metadata = self._metadata
         for key, value in event.items():
             # Response metadata (id, created, model, system_fingerprint,

@@ -113,7 +113,13 @@ def raise_for_engine_error(event: Mapping[str, Any]) -> None:
     if "error" in event or event.get("object") == "error":
         error = engine_error(event)
         if error is not None:
-            raise error
+            try:
+                raise error
+            finally:
+                # This frame stays in the error's traceback: kept here too, the error
+                # would hold it in a cycle, and with it every frame below (the attempt's
+                # decoder and assembler), until a full garbage collection.
+                del error
 
 
 def engine_error(event: Mapping[str, Any]) -> EngineError | None:

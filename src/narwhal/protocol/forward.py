@@ -1,9 +1,11 @@
 """One engine stream's bytes in: the streaming client's bytes, or the assembler's events, out.
 
 Both sinks decode the engine's SSE, pass every event through the attempt's
-`OutputTracker` exactly once (validation, accounting, timing) and count what they saw,
-so the dispatcher can tell "no event yet" from "events in hand" and a clean end (`done`:
-the engine's `data: [DONE]`) from a truncated one.
+`OutputTracker` exactly once (validation, accounting, timing), then through
+`shape.check_event` (what is malformed: the collector's assembler runs it, so a stream
+refuses what assembly refuses; plain events are typed to the same rules), and count what
+they saw, so the dispatcher can tell "no event yet" from "events in hand" and a clean end
+(`done`: the engine's `data: [DONE]`) from a truncated one.
 
 - `StreamForwarder` (streaming clients) returns the bytes to write for each read. Plain
   events (`plain.py`) go out as the engine's own bytes, with the `token_ids` keys cut
@@ -44,6 +46,7 @@ from narwhal.protocol.plain import (
     quiet_events,
     strip_token_ids,
 )
+from narwhal.protocol.shape import check_event
 from narwhal.protocol.sse import DEFAULT_MAX_EVENT_BYTES, SSEDecoder, SSEEvent
 from narwhal.protocol.tracker import OutputTracker
 
@@ -113,6 +116,13 @@ class StreamForwarder:
         """The bytes still held back, at the end of the stream (whatever ended it)."""
         held, self._held = self._held, b""
         return held
+
+    def release(self) -> None:
+        """The stream is over: drop what is buffered (an unfinished event can be as long
+        as the engine made it), whoever still holds this forwarder."""
+        self._decoder = SSEDecoder()
+        self._held = b""
+        self._moved = None
 
     def _hold_last(self, out: bytes) -> bytes:
         if self._held:
@@ -204,6 +214,8 @@ class StreamForwarder:
             return b""
         decoded = decode_event(data)
         self.tracker.observe(decoded, now)
+        # What the assembler refuses as malformed never reaches a streaming client either.
+        check_event(decoded, self.tracker.route)
         if not self._rewrite:
             return raw
         usage_only = self._holds_last and "usage" in decoded and not decoded.get("choices")
@@ -302,7 +314,7 @@ class StreamCollector:
         max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
     ) -> None:
         self.tracker = tracker
-        self._assembler = assembler
+        self._assembler: Assembler | None = assembler
         self._decoder = SSEDecoder(max_event_bytes)
         self._limit = max_response_bytes
         self._left = max_response_bytes  # bytes of event data the answer may still take
@@ -315,6 +327,12 @@ class StreamCollector:
 
     def flush(self) -> bytes:
         return b""  # nothing is ever written for a non-streaming client
+
+    def release(self) -> None:
+        """The stream is over: drop the unfinished event and the assembled output (the
+        caller took its result already), whoever still holds this collector."""
+        self._decoder = SSEDecoder()
+        self._assembler = None
 
     def feed(self, chunk: bytes, now: float) -> bytes:
         """Take the engine's next bytes and assemble their events; nothing to write."""
@@ -342,4 +360,7 @@ class StreamCollector:
             raise ResponseTooLarge(self._limit)
         decoded = decode_event(data)
         self.tracker.observe(decoded, now)
-        self._assembler.add(decoded)
+        assembler = self._assembler
+        if assembler is None:
+            raise RuntimeError("a released stream collector was fed")
+        assembler.add(decoded)

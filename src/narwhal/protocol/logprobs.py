@@ -12,6 +12,7 @@ shape `{"content": [...]}` (§6.2), which is joined the same way.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, Final
 
 from narwhal.protocol.events import Route
@@ -68,8 +69,8 @@ _ELEMENTS: Final = {
     "tokens": _tokens,
     "top_logprobs": _maps,
 }
-# Each route's allow-list (fields.py) with its checks.
-_CHECKS: Final = {
+# Each route's allow-list (fields.py) with its checks (shape.py checks every event by them).
+ELEMENT_CHECKS: Final[dict[Route, dict[str, Callable[[list[Any], str], None]]]] = {
     "chat": {key: _ELEMENTS[key] for key in CHAT_LOGPROBS},
     "completion": {
         key: _ELEMENTS[key] for key in COMPLETION_LOGPROBS + LLAMACPP_COMPLETION_LOGPROBS
@@ -84,7 +85,7 @@ class Logprobs:
 
     def __init__(self, route: Route) -> None:
         self._route = route
-        self._checks = _CHECKS[route]
+        self._checks = ELEMENT_CHECKS[route]
         self._lists: dict[str, list[Any]] = {}
         self._seen = False
 

@@ -7,12 +7,13 @@ of the general one (decode to a dict, `OutputTracker.observe`, `apply_exposure`,
 re-encode):
 
 - `decode_plain` decodes into typed structs that hold only what accounting needs.
-  msgspec validates while it decodes: an ID that is `true`, `1.0` or negative, or a
-  delta text that is not a string, fails the typed decode, and so does every field the
-  structs do not declare with the right type. Any failure, and any event that is not
-  plain (it has usage, prompt IDs, an error, SGLang's sglext), returns None and the
-  caller takes the general path, which gives the proper verdict and error message. So
-  the fast path never accepts what the general path would refuse.
+  msgspec validates while it decodes: an ID that is `true`, `1.0` or negative, a delta
+  text that is not a string or a choice index that is missing or negative fails the
+  typed decode, as does every field `shape.check_event` checks (the structs type each
+  one, or let only its null through). Any failure, and any event that is not plain (it
+  has usage, prompt IDs, an error, SGLang's sglext), returns None and the caller takes
+  the general path, which gives the proper verdict and error message. So the fast path
+  never accepts what the general path would refuse.
 - `strip_token_ids` removes the `token_ids` keys from the event's own bytes (for
   clients that did not ask for IDs) instead of re-encoding it, so everything else
   goes out exactly as the engine wrote it.
@@ -39,28 +40,60 @@ _TOKEN_IDS_LIST_START: Final = b'"token_ids":['
 _UNSAFE: Final = -(1 << 62)
 
 TokenId = Annotated[int, msgspec.Meta(ge=0)]
+Index = Annotated[int, msgspec.Meta(ge=0)]  # a choice's or a tool call's stream index
+
+
+class PlainFunction(msgspec.Struct, gc=False):
+    name: str | None = None
+    arguments: str | None = None
+
+
+class PlainToolCall(msgspec.Struct, gc=False):
+    """One tool-call fragment, typed as `shape.check_event` checks it (other keys are
+    the assembler's allow-lists, not the stream's)."""
+
+    index: Index
+    id: str | None = None
+    function: PlainFunction | None = None
 
 
 class PlainDelta(msgspec.Struct, gc=False):
     """The chat delta fields that are generated output, `fields.DELTA_OUTPUT` in its
-    order (a test holds them equal), each typed for the fast decode. A field missing here
-    would let an event whose output it holds pass as one without output."""
+    order, then `role` (a test holds them so), each typed for the fast decode. A field
+    missing here would let an event whose output it holds pass as one without output,
+    or a malformed one pass unchecked."""
 
     content: str | None = None
     reasoning: str | None = None
     reasoning_content: str | None = None
     refusal: str | None = None
-    tool_calls: list[Any] | None = None
-    function_call: dict[str, Any] | None = None
+    tool_calls: list[PlainToolCall] | None = None
+    # The legacy call (OpenAI only, PROTOCOL.md §2.5) takes the general path, null aside.
+    function_call: UnsetType | None = UNSET
+    role: str | None = None
 
     def carries_output(self) -> bool:
-        """Some field is non-empty (tokens.carries_output on the decoded delta)."""
-        return any(astuple(self))
+        """Some output field is non-empty (tokens.carries_output on the decoded delta)."""
+        return any(astuple(self)[:_OUTPUT_FIELDS])
+
+
+class PlainLogprobs(msgspec.Struct, gc=False):
+    """Each array typed as `logprobs.py` checks it, for either route (a key the route
+    does not have only sends the event the general way)."""
+
+    content: list[dict[str, Any]] | None = None
+    refusal: list[dict[str, Any]] | None = None
+    text_offset: list[int] | None = None
+    token_logprobs: list[float | None] | None = None
+    tokens: list[str] | None = None
+    top_logprobs: list[dict[str, Any] | None] | None = None
 
 
 class PlainChoice(msgspec.Struct, gc=False):
-    index: int = 0
+    index: Index  # required, as the assembler requires it
     finish_reason: str | None = None
+    stop_reason: int | str | None = None
+    logprobs: PlainLogprobs | None = None
     # UNSET (absent) and None (null) differ for exposure: a null key is still removed.
     token_ids: list[TokenId] | UnsetType | None = UNSET
     delta: PlainDelta | None = None  # chat
@@ -84,6 +117,7 @@ class PlainEvent(msgspec.Struct, gc=False):
 
 
 _decoder: Final = msgspec.json.Decoder(PlainEvent)
+_OUTPUT_FIELDS: Final = PlainDelta.__struct_fields__.index("role")
 
 
 def decode_plain(data: bytes) -> PlainEvent | None:

@@ -135,6 +135,24 @@ class SSEDecoder:
         """Take the next bytes of the stream; return the events they complete.
 
         Raises EventTooLarge when an event, or the unfinished one, passes the limit."""
+        try:
+            return self._feed(chunk)
+        except EventTooLarge:
+            pass
+        # Raised again from here, after the first error is gone: its traceback held the
+        # frames below and their locals, the oversized buffer among them, and whoever
+        # keeps the error (a future, a relay) would keep that buffer with it.
+        self._drop()
+        raise EventTooLarge(self._limit)
+
+    def _drop(self) -> None:
+        self._tail = _NOTHING
+        self._head = []
+        self._head_size = 0
+        self._data = None
+        self._event = None
+
+    def _feed(self, chunk: bytes) -> list[SSEEvent]:
         if self._bom is not None:
             chunk = self._strip_bom(chunk)
         if not chunk:

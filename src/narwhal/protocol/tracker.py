@@ -2,9 +2,11 @@
 
 Every event of an engine stream passes through `OutputTracker.observe` exactly once,
 whether the client streams or not. It rejects what fails the attempt (an engine error
-event, bad token IDs), counts validated token IDs, records when they arrived (the
-seed: "Validated IDs give Narwhal output length and per-token timing for TPOT
-scoring"), notes each choice's finish_reason and keeps the engine's last usage.
+event, bad token IDs, a malformed field it reads: choice index, finish_reason, usage),
+counts validated token IDs, records when they arrived (the seed: "Validated IDs give
+Narwhal output length and per-token timing for TPOT scoring"), notes each choice's
+finish_reason and keeps the engine's last usage. The rest of an event's shape is
+`shape.check_event`'s, which both sinks run after it.
 
 Times come from the caller (`now`), so this stays sans-IO and exact under test.
 """
@@ -17,15 +19,17 @@ from typing import Any
 
 from msgspec import UNSET
 
-from narwhal.protocol.events import EngineOutputError, Route, raise_for_engine_error
-from narwhal.protocol.fields import unexpected_choice
+from narwhal.protocol.events import Route, raise_for_engine_error
+from narwhal.protocol.fields import expect_index, malformed, unexpected_choice
 from narwhal.protocol.plain import PlainEvent
+from narwhal.protocol.shape import check_finish_reason
 from narwhal.protocol.tokens import (
     carries_output,
     count_event_token_ids,
     missing_token_ids,
     sglext_output_token_count,
 )
+from narwhal.protocol.usage import event_usage
 
 
 class OutputTracker:
@@ -81,15 +85,15 @@ class OutputTracker:
         choices = event.get("choices")
         if choices:
             if type(choices) is not list:
-                raise EngineOutputError("engine sent choices that is not a list")
+                malformed("choices", "an array")
             for choice in choices:
                 if type(choice) is not dict:
-                    raise EngineOutputError("engine sent a choice that is not an object")
-                reason = choice.get("finish_reason")
-                index = choice.get("index", 0)
-                if type(index) is not int:
-                    raise EngineOutputError("engine sent a choice index that is not an integer")
-                if self._choices is not None and not 0 <= index < self._choices:
+                    malformed("choice", "an object")
+                # Checked before they count (shape.py has the rest of the event): a
+                # finish_reason of 5, or one at index -1, finishes nothing.
+                reason = check_finish_reason(choice.get("finish_reason"))
+                index = expect_index(choice.get("index"), "choice index")
+                if self._choices is not None and index >= self._choices:
                     raise unexpected_choice(index, self._choices)
                 if reason is not None or index not in self._finish_reasons:
                     self._finish_reasons[index] = reason
@@ -98,7 +102,7 @@ class OutputTracker:
                     count += 1
         if count:
             self._record(count, count, now)
-        usage = event.get("usage")
+        usage = event_usage(event)
         if usage is not None:
             self.usage = usage
         if not self._token_ids and "sglext" in event:

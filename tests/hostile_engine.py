@@ -1,0 +1,105 @@
+"""An engine that answers what a test scripts, in the test's own event loop.
+
+`HostileEngine` serves `/health` and both completion routes of an OpenAI-compatible
+server (the router's `openai` dialect: no /metrics, no /tokenize needed) on one or more
+loopback ports. Every completion request gets the body `script(request_body)` returns:
+its pieces are written one by one (each one write, so the router may read them apart;
+`pause_after` makes sure), then the response ends, or with `abort=True` the connection
+is dropped without ending the chunked body (the router sees a broken stream).
+
+The pieces are the test's own objects: a test that measures the router's memory builds
+them before its baseline, so the engine allocates nothing it has to tell apart.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from aiohttp import web
+
+from narwhal.config import Config, config_from_mapping
+
+
+@dataclass(frozen=True, slots=True)
+class Script:
+    pieces: Sequence[bytes]
+    abort: bool = False  # drop the connection instead of ending the body
+    # After this many pieces, a pause: the router has the first events in hand and starts
+    # the response before the rest comes (a failure after it is one after the headers).
+    pause_after: int | None = None
+    pause_s: float = 0.1
+
+
+def sse(event: Any) -> bytes:
+    """One SSE event of `event`'s JSON, or `[DONE]` for the string "[DONE]"."""
+    data = event if event == "[DONE]" else json.dumps(event, separators=(",", ":"))
+    return f"data: {data}\n\n".encode()
+
+
+class HostileEngine:
+    def __init__(self, script: Callable[[dict[str, Any]], Script], *, ports: int = 1) -> None:
+        self._script = script
+        self._ports = ports
+        self._runner: web.AppRunner | None = None
+        self.urls: list[str] = []
+        self.requests = 0
+
+    async def __aenter__(self) -> HostileEngine:
+        app = web.Application()
+        app.router.add_get("/health", self._health)
+        app.router.add_post("/v1/chat/completions", self._complete)
+        app.router.add_post("/v1/completions", self._complete)
+        self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.5)
+        await self._runner.setup()
+        for _ in range(self._ports):
+            await web.TCPSite(self._runner, "127.0.0.1", 0).start()
+        ports = [a[1] for a in self._runner.addresses if isinstance(a, tuple)]
+        self.urls = [f"http://127.0.0.1:{port}" for port in ports]
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+
+    def settings(self, model: str) -> dict[str, Any]:
+        """A router configuration (as YAML would give it) with one `openai` engine per
+        port, open admission and one attempt per engine."""
+        return {
+            "model": model,
+            "engines": [
+                {"name": f"h{i}", "url": url, "dialect": "openai"}
+                for i, url in enumerate(self.urls)
+            ],
+            "admission": {"mode": "open"},
+            "fleet": {"max_attempts": len(self.urls)},
+        }
+
+    def config(self, model: str) -> Config:
+        """`settings` as the router's typed configuration, for a router in this process."""
+        return config_from_mapping(self.settings(model))
+
+    async def _health(self, request: web.Request) -> web.Response:
+        return web.Response(text="ok")
+
+    async def _complete(self, request: web.Request) -> web.StreamResponse:
+        self.requests += 1
+        script = self._script(await request.json())
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        try:
+            for i, piece in enumerate(script.pieces):
+                if i == script.pause_after:
+                    await asyncio.sleep(script.pause_s)
+                await response.write(piece)
+        except ConnectionError:
+            return response  # the router hung up (it refused what it read): no error here
+        if script.abort:
+            assert request.transport is not None
+            request.transport.abort()
+            return response
+        await response.write_eof()
+        return response
