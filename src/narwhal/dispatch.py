@@ -25,6 +25,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlsplit
 
 from narwhal.admission.gate import AdmissionGate, Unplaceable
 from narwhal.admission.predictive import PredictiveCheck
@@ -136,6 +137,13 @@ class StreamLease:
             dispatcher.release(self._ticket)  # whatever accounting did (a bug is raised on)
 
 
+def _addresses_of(url: str) -> list[str]:
+    """The forms an engine's address takes in error texts: its URL and host:port."""
+    parts = urlsplit(url)
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    return [url.rstrip("/"), parts.netloc, f"{parts.hostname}:{port}"]
+
+
 def _unavailable(reason: str) -> RouterUnavailable:
     return RouterUnavailable(f"This router is not serving requests ({reason}).")
 
@@ -185,7 +193,19 @@ class Dispatcher:
         self._prompt_counted = prompt_counted
         for engine in config.engines:  # every engine's series from the start: zeros, not gaps
             metrics.engine_series(engine.name)
+        # Engine addresses stay out of what clients read (the log keeps them).
+        self._addresses = sorted(
+            [(address, f"<{e.name}>") for e in config.engines for address in _addresses_of(e.url)]
+            + [(urlsplit(e.url).hostname or "", "<engine host>") for e in config.engines],
+            key=lambda pair: -len(pair[0]),
+        )
         state.subscribe(self._state_changed)
+
+    def _redact(self, message: str) -> str:
+        for address, replacement in self._addresses:
+            if address:
+                message = message.replace(address, replacement)
+        return message
 
     def capacity_changed(self) -> None:
         """Placement may have changed (health, drain, maintenance): recompute eligibility,
@@ -322,7 +342,7 @@ class Dispatcher:
                 result.message,
             )
         if last is not None:
-            raise UpstreamError(f"The engines failed this request: {last.message}")
+            raise UpstreamError(f"The engines failed this request: {self._redact(last.message)}")
         raise BackendUnavailable("No placement-eligible engine serves this request.")
 
     async def _attempt(
