@@ -103,6 +103,8 @@ class ModelNotFound(InvalidRequest):
     code = "model_not_found"
 
     def __init__(self, model: str) -> None:
+        if len(model) > 256:  # a refusal is never the size of the body that caused it
+            model = f"{model[:240]}… ({len(model)} characters)"
         super().__init__(
             f"The model `{model}` does not exist or you do not have access to it.", param="model"
         )
