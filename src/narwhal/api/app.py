@@ -12,6 +12,7 @@ from narwhal.api.ops import OpsRoutes
 from narwhal.api.request_id import HEADER as REQUEST_ID_HEADER
 from narwhal.api.request_id import choose_request_id, current_request_id
 from narwhal.api.responses import error_response
+from narwhal.api.server import request_in_progress
 from narwhal.errors import InvalidRequest
 
 
@@ -60,7 +61,7 @@ def build_app(front: CompletionFront, ops: OpsRoutes, max_request_bytes: int) ->
     # Bodies are read by the completion front under serving.max_request_bytes; aiohttp's own
     # limit applies only to request.read() (the admin routes' small bodies).
     app = web.Application(
-        middlewares=[request_id_middleware],
+        middlewares=[request_in_progress, request_id_middleware],
         # Bodies are read as sent: aiohttp would inflate a gzip body as it arrives, past any
         # limit (a 1 MiB bomb inflates to 1 GiB) and with a 500 for a corrupt one; the front
         # refuses a Content-Encoding with 415 instead.
