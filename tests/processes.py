@@ -47,17 +47,27 @@ def _drain(stream: Any) -> None:
 
 @contextmanager
 def narwhal_process(
-    args: Sequence[str], startup_timeout: float = 30.0, env: Mapping[str, str] | None = None
+    args: Sequence[str],
+    startup_timeout: float = 30.0,
+    env: Mapping[str, str] | None = None,
+    stderr_path: str | os.PathLike[str] | None = None,
 ) -> Iterator[NarwhalProcess]:
     """Run `python -m narwhal ARGS`, wait for its 'listening on URL' line, stop it afterwards.
-    `env`: variables to set in the child's environment, besides this process's."""
+    `env`: variables to set in the child's environment, besides this process's.
+    `stderr_path`: a file to write the child's stderr (its log) to, for the test to read;
+    without it the child's stderr is this process's."""
     child_env = dict(os.environ, PYTHONUNBUFFERED="1", **(env or {}))
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "narwhal", *args],
-        stdout=subprocess.PIPE,
-        stderr=None,
-        env=child_env,
-    )
+    stderr = None if stderr_path is None else open(stderr_path, "wb")  # noqa: SIM115
+    try:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "narwhal", *args],
+            stdout=subprocess.PIPE,
+            stderr=stderr,
+            env=child_env,
+        )
+    finally:
+        if stderr is not None:
+            stderr.close()  # the child has its own descriptor for the file
     assert proc.stdout is not None
     url = None
     deadline = time.monotonic() + startup_timeout
@@ -86,9 +96,13 @@ def narwhal_process(
 
 @contextmanager
 def router_process(
-    config: dict[str, Any], *extra: str, env: Mapping[str, str] | None = None
+    config: dict[str, Any],
+    *extra: str,
+    env: Mapping[str, str] | None = None,
+    stderr_path: str | os.PathLike[str] | None = None,
 ) -> Iterator[NarwhalProcess]:
-    """A router from a configuration mapping, on an ephemeral port."""
+    """A router from a configuration mapping, on an ephemeral port (`stderr_path`: see
+    narwhal_process)."""
     config = dict(config)
     serving = dict(config.get("serving", {}))
     serving.setdefault("host", "127.0.0.1")
@@ -98,7 +112,9 @@ def router_process(
         yaml.safe_dump(config, f)
         path = f.name
     try:
-        with narwhal_process(["serve", "--config", path, *extra], env=env) as process:
+        with narwhal_process(
+            ["serve", "--config", path, *extra], env=env, stderr_path=stderr_path
+        ) as process:
             yield process
     finally:
         os.unlink(path)

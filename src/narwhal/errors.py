@@ -6,6 +6,7 @@
     │   └── UnsupportedOption          400 audio / modality / tool requests
     ├── ModelNotFound                  404 model_not_found              outcome: invalid
     ├── RequestTooLarge                413 request_too_large            outcome: invalid
+    ├── UnsupportedMediaType           415 not JSON (Content-Type), or compressed (Content-Encoding)
     ├── CapacityRejected               429 rate_limit_exceeded          outcome: rejected
     ├── TtftBudgetExceeded             429 ttft_budget_exceeded         outcome: refused
     ├── PromptExceedsTtftBudget        429 prompt_exceeds_ttft_budget   outcome: refused
@@ -103,6 +104,8 @@ class ModelNotFound(InvalidRequest):
     code = "model_not_found"
 
     def __init__(self, model: str) -> None:
+        if len(model) > 256:  # a refusal is never the size of the body that caused it
+            model = f"{model[:240]}… ({len(model)} characters)"
         super().__init__(
             f"The model `{model}` does not exist or you do not have access to it.", param="model"
         )
@@ -116,6 +119,19 @@ class RequestTooLarge(InvalidRequest):
         super().__init__(
             f"Request body exceeds the limit of {limit} bytes (serving.max_request_bytes)."
         )
+
+
+class UnsupportedMediaType(InvalidRequest):
+    """A body the router will not read: a Content-Type other than JSON, or a Content-Encoding
+    other than identity (RFC 9110 §15.5.16: then Accept-Encoding says what would do)."""
+
+    status = 415
+
+    def headers(self) -> dict[str, str]:
+        headers = super().headers()
+        if self.param == "Content-Encoding":
+            headers["Accept-Encoding"] = "identity"
+        return headers
 
 
 class CapacityRejected(NarwhalError):

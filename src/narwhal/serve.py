@@ -14,6 +14,7 @@ import msgspec
 import prometheus_client
 from aiohttp import web
 
+from narwhal.api.server import ClientRunner, head_timeout_s
 from narwhal.config import Config, ConfigError, EngineConfig, Role, load_config
 from narwhal.router import Router
 
@@ -101,8 +102,9 @@ async def serve_forever(config: Config) -> None:
     router = Router(config)
     # handler_cancellation: a client that disconnects cancels its handler at once, so the
     # upstream request is cancelled too instead of running on for nobody.
-    runner = web.AppRunner(
+    runner = ClientRunner(
         router.app,
+        head_timeout=head_timeout_s(config.serving),
         handler_cancellation=True,
         access_log=None,
         shutdown_timeout=config.serving.drain_timeout_s,

@@ -237,3 +237,27 @@ def test_nulls_are_absent_values() -> None:
         model=MODEL,
     )
     assert request.stream is False and request.max_tokens is None
+
+
+@pytest.mark.parametrize("field", ["max_tokens", "max_completion_tokens"])
+def test_output_caps_are_bounded(field: str) -> None:
+    """A 400-digit max_tokens passed the parser and overflowed placement's float (a 500)."""
+    assert parse_request(chat(**{field: 2**31 - 1}), "chat", model=MODEL).max_tokens == 2**31 - 1
+    for value in (2**31, 2**63, 10**400):
+        error = refuse(chat(**{field: value}))
+        assert error.status == 400
+        assert error.param == field
+        assert len(error.message) < 200
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        chat(model="m" * 500_000),
+        chat(tool_choice="x" * 100_000),
+        chat(top_logprobs=10**400),
+        chat(tools=[{"type": "y" * 100_000}]),
+    ],
+)
+def test_a_refusal_does_not_echo_a_huge_value(raw: bytes) -> None:
+    assert len(refuse(raw).message) < 400

@@ -14,12 +14,13 @@ import ipaddress
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-import msgspec
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
 
 from narwhal.api.responses import json_response
 from narwhal.errors import InvalidRequest, NarwhalError
 from narwhal.operator_state import OperatorState
+from narwhal.protocol.jsonbody import decode_object
 
 
 class _Forbidden(NarwhalError):
@@ -106,11 +107,10 @@ class AdminRoutes:
 
     async def _maintenance(self, request: web.Request) -> web.Response:
         try:
-            body = msgspec.json.decode(await request.read())
-        except msgspec.DecodeError as e:
-            raise InvalidRequest(f"Invalid JSON body: {e}") from None
-        if not isinstance(body, dict):
-            raise InvalidRequest("The body must be an object {wave, action}.")
+            raw = await request.read()  # at most aiohttp's client_max_size, else 413
+        except (ConnectionError, HttpProcessingError, web.RequestPayloadError):
+            raise InvalidRequest("The request body ended early.") from None
+        body = decode_object(raw)
         wave = body.get("wave")
         action = body.get("action")
         if not isinstance(wave, int) or isinstance(wave, bool) or wave < 0:

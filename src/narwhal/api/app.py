@@ -12,6 +12,7 @@ from narwhal.api.ops import OpsRoutes
 from narwhal.api.request_id import HEADER as REQUEST_ID_HEADER
 from narwhal.api.request_id import choose_request_id, current_request_id
 from narwhal.api.responses import error_response
+from narwhal.api.server import request_in_progress
 from narwhal.errors import InvalidRequest
 
 
@@ -58,8 +59,14 @@ def continue_within(limit: int) -> Callable[[web.Request], Awaitable[None]]:
 
 def build_app(front: CompletionFront, ops: OpsRoutes, max_request_bytes: int) -> web.Application:
     # Bodies are read by the completion front under serving.max_request_bytes; aiohttp's own
-    # limit applies only to request.read(), which Narwhal does not use.
-    app = web.Application(middlewares=[request_id_middleware])
+    # limit applies only to request.read() (the admin routes' small bodies).
+    app = web.Application(
+        middlewares=[request_in_progress, request_id_middleware],
+        # Bodies are read as sent: aiohttp would inflate a gzip body as it arrives, past any
+        # limit (a 1 MiB bomb inflates to 1 GiB) and with a 500 for a corrupt one; the front
+        # refuses a Content-Encoding with 415 instead.
+        handler_args={"auto_decompress": False},
+    )
     expect = continue_within(max_request_bytes)
     app.router.add_post("/v1/chat/completions", front.chat, expect_handler=expect)
     app.router.add_post("/v1/completions", front.completions, expect_handler=expect)

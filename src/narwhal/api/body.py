@@ -52,7 +52,8 @@ async def _read(request: web.Request, limit: int, declared: int | None) -> bytes
             if size > limit:
                 raise RequestTooLarge(limit)
             parts.append(chunk)
-    except (ConnectionError, EOFError, HttpProcessingError) as e:
+    except (ConnectionError, EOFError, HttpProcessingError, web.RequestPayloadError) as e:
+        # A framing fault in the body (a bad chunk) is the client's, like a short body.
         raise BodyIncomplete(str(e)) from e
     if declared is not None and size < declared:
         raise BodyIncomplete(f"body ended after {size} of {declared} bytes")

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
 import time
 
 from aiohttp import web
@@ -22,11 +21,18 @@ from narwhal.api.service import Assembled, CompletionService, RequestContext, St
 from narwhal.config import Config
 from narwhal.errors import InvalidRequest, NarwhalError, Outcome, RouterUnavailable, TerminalExpiry
 from narwhal.metrics import RouterMetrics
+from narwhal.protocol.headers import (
+    CONTENT_ENCODING,
+    CONTENT_TYPE,
+    REQUEST_TIMEOUT,
+    check_content_encoding,
+    check_content_type,
+    request_timeout,
+)
 from narwhal.protocol.requests import Route, parse_request
 from narwhal.sizing import WorkloadSizer
 from narwhal.state import RouterState
 
-TIMEOUT_HEADER = "X-Request-Timeout"
 log = logging.getLogger(__name__)
 
 
@@ -60,7 +66,13 @@ class CompletionFront:
         sized = False
         relaying = False  # a stream response may have started
         try:
-            deadline = arrived + self._timeout(http)
+            headers = http.headers
+            timeout = request_timeout(
+                headers.getall(REQUEST_TIMEOUT, []), self._config.serving.request_timeout_s
+            )
+            deadline = arrived + timeout
+            check_content_type(headers.getall(CONTENT_TYPE, []))
+            check_content_encoding(headers.getall(CONTENT_ENCODING, []))
             raw = await read_limited_body(http, self._config.serving.max_request_bytes, deadline)
             parsed = parse_request(raw, route, model=self._config.model)
             # Cheap refusals first: a router that may not admit says so before sizing.
@@ -97,14 +109,18 @@ class CompletionFront:
             metrics.expired.labels("deadline_before_headers").inc()
             expiry = TerminalExpiry("The request deadline expired before the body arrived.")
             outcome = expiry.outcome
-            return error_response(expiry, request_id)
+            response = error_response(expiry, request_id)
+            response.force_close()  # the rest of the body may still be on its way
+            return response
         except BodyIncomplete:
             metrics.unsized_offered.inc()
             if http.transport is None or http.transport.is_closing():
                 raise web.HTTPBadRequest() from None  # nobody to answer; outcome client_gone
             outcome = "invalid"
             metrics.invalid_requests.inc()
-            return error_response(InvalidRequest("The request body ended early."), request_id)
+            response = error_response(InvalidRequest("The request body ended early."), request_id)
+            response.force_close()  # where the next request would begin is unknown
+            return response
         except (ConnectionError, asyncio.CancelledError):
             outcome = "client_gone"
             if not sized:
@@ -138,23 +154,6 @@ class CompletionFront:
             return response, outcome
         finally:
             lease.finish(outcome)
-
-    def _timeout(self, http: web.Request) -> float:
-        """Seconds until the original deadline: the configured one, or shorter if asked."""
-        limit = self._config.serving.request_timeout_s
-        value = http.headers.get(TIMEOUT_HEADER)
-        if value is None:
-            return limit
-        try:
-            asked = float(value)
-        except ValueError:
-            asked = math.nan
-        if not math.isfinite(asked) or asked <= 0:
-            raise InvalidRequest(
-                f"{TIMEOUT_HEADER} must be a positive number of seconds, got {value!r}.",
-                param=TIMEOUT_HEADER,
-            )
-        return min(asked, limit)
 
 
 __all__ = ["REQUEST_ID_HEADER", "CompletionFront"]

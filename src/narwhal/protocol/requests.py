@@ -5,8 +5,10 @@ collected into a `CompletionRequest`; every other field stays in `body` untouche
 vLLM's extra sampling parameters reach the engine as the client sent them.
 
 Errors carry the offending field in `param` as a dotted path (`messages.0.content`).
-Order of checks: JSON and body shape, then the type of every interpreted field, then the
-model (404), then sampling width and unsupported options.
+Order of checks: JSON and body shape (`jsonbody`: syntax, nesting, numbers), then the type
+of every interpreted field, then the model (404), then sampling width and unsupported
+options. A client's value is echoed in a message only shortened (`_shown`): a refusal is
+never the size of the body that caused it.
 """
 
 from __future__ import annotations
@@ -15,13 +17,16 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-import msgspec
-
 from narwhal.errors import InvalidRequest, InvalidSamplingWidth, ModelNotFound, UnsupportedOption
+from narwhal.protocol.jsonbody import decode_object
 
 Route = Literal["chat", "completion"]
 
-_decoder = msgspec.json.Decoder()
+MAX_TOKENS_LIMIT = 2**31 - 1
+"""The largest output cap accepted (max_tokens, max_completion_tokens). No model's context
+comes near it, and under it the placement arithmetic on predicted outputs (floats summed
+over every request in flight) stays exact; a 400-digit integer made it overflow (a 500)."""
+_SHOWN_CHARS = 64
 
 _TOOL_CHOICE_STRINGS = ("none", "auto", "required")
 
@@ -42,12 +47,7 @@ class CompletionRequest:
 
 def parse_request(raw: bytes, route: Route, *, model: str) -> CompletionRequest:
     """Decode and validate one client body; raise an InvalidRequest subclass if it is bad."""
-    try:
-        body = _decoder.decode(raw)
-    except msgspec.DecodeError as e:
-        raise InvalidRequest(f"Invalid JSON body: {e}") from None
-    if not isinstance(body, dict):
-        raise InvalidRequest("The request body must be a JSON object.")
+    body = decode_object(raw)
 
     requested_model = body.get("model")
     if requested_model is None:
@@ -64,8 +64,10 @@ def parse_request(raw: bytes, route: Route, *, model: str) -> CompletionRequest:
     include_usage, continuous_usage = _check_stream_options(body, stream)
     n = _optional_int(body, "n", minimum=1)
     best_of = _optional_int(body, "best_of", minimum=1)
-    max_tokens = _optional_int(body, "max_tokens", minimum=1)
-    max_completion_tokens = _optional_int(body, "max_completion_tokens", minimum=1)
+    max_tokens = _optional_int(body, "max_tokens", minimum=1, maximum=MAX_TOKENS_LIMIT)
+    max_completion_tokens = _optional_int(
+        body, "max_completion_tokens", minimum=1, maximum=MAX_TOKENS_LIMIT
+    )
     return_token_ids = _optional_bool(body, "return_token_ids") or False
     _check_logprobs(body, route)
     _optional_bool(body, "echo")
@@ -85,7 +87,7 @@ def parse_request(raw: bytes, route: Route, *, model: str) -> CompletionRequest:
     for index, tool_type in enumerate(tool_types):
         if tool_type != "function":
             raise UnsupportedOption(
-                f"Tool type {tool_type!r} is not supported; only 'function' tools are.",
+                f"Tool type {_shown(tool_type)} is not supported; only 'function' tools are.",
                 param=f"tools.{index}.type",
             )
     if not stream:
@@ -96,7 +98,8 @@ def parse_request(raw: bytes, route: Route, *, model: str) -> CompletionRequest:
         for modality in modalities:
             if modality != "text":
                 raise UnsupportedOption(
-                    f"Output modality {modality!r} is not supported for non-streaming requests.",
+                    f"Output modality {_shown(modality)} is not supported for non-streaming "
+                    "requests.",
                     param="modalities",
                 )
 
@@ -117,6 +120,14 @@ def parse_request(raw: bytes, route: Route, *, model: str) -> CompletionRequest:
 
 def _type_error(param: str, expected: str, got: object) -> InvalidRequest:
     return InvalidRequest(f"'{param}' must be {expected}, got {_json_type(got)}.", param=param)
+
+
+def _shown(value: str | int) -> str:
+    """A client's value for a message: repr for a string, digits for an integer, shortened."""
+    text = repr(value) if isinstance(value, str) else str(value)
+    if len(text) <= _SHOWN_CHARS:
+        return text
+    return f"{text[: _SHOWN_CHARS - 12]}… ({len(text)} characters)"
 
 
 def _json_type(value: object) -> str:
@@ -158,7 +169,7 @@ def _optional_int(
     assert isinstance(value, int)
     if value < minimum or (maximum is not None and value > maximum):
         bound = f"at least {minimum}" if maximum is None else f"between {minimum} and {maximum}"
-        raise InvalidRequest(f"'{key}' must be {bound}, got {value}.", param=key)
+        raise InvalidRequest(f"'{key}' must be {bound}, got {_shown(value)}.", param=key)
     return value
 
 
@@ -270,7 +281,7 @@ def _check_tool_choice(body: Mapping[str, Any]) -> None:
         if choice not in _TOOL_CHOICE_STRINGS:
             raise InvalidRequest(
                 f"'tool_choice' must be one of {', '.join(_TOOL_CHOICE_STRINGS)} or an object, "
-                f"got {choice!r}.",
+                f"got {_shown(choice)}.",
                 param="tool_choice",
             )
         return
@@ -281,7 +292,7 @@ def _check_tool_choice(body: Mapping[str, Any]) -> None:
         raise _type_error("tool_choice.type", "a string", choice_type)
     if choice_type != "function":
         raise UnsupportedOption(
-            f"Tool choice type {choice_type!r} is not supported; only 'function' is.",
+            f"Tool choice type {_shown(choice_type)} is not supported; only 'function' is.",
             param="tool_choice.type",
         )
     function = choice.get("function")
