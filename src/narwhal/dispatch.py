@@ -425,9 +425,13 @@ class Dispatcher:
                 leased = True
                 return StreamLease(self, ticket, context, stream, first, deadline)
             completion_tokens, _ = tracker.output_tokens()
-            assembled = assembler.result(
-                prompt_tokens=context.prompt_tokens, completion_tokens=completion_tokens
-            )
+            try:
+                assembled = assembler.result(
+                    prompt_tokens=context.prompt_tokens, completion_tokens=completion_tokens
+                )
+            except _RETRYABLE as error:  # an answer that ended unfinished or without a choice
+                self.metrics.engine_series(working.name).failures["before_headers"].inc()
+                return _Failed(working.name, error.message)
             return Assembled(assembled)
         finally:
             if stream is not None and not leased:

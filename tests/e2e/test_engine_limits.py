@@ -168,6 +168,25 @@ async def test_an_oversized_event_is_retried_on_another_engine(hostile: HostileE
     assert values['narwhal_engine_failures_total{engine="h0",stage="before_headers"}'] >= 1
 
 
+async def _done_without_a_choice(exchange: Exchange) -> None:
+    await exchange.head()
+    await exchange.send(event({"id": "x", "object": "chat.completion.chunk", "choices": []}))
+    await exchange.send(b"data: [DONE]\n\n")
+    await exchange.end()
+
+
+async def test_an_answer_without_any_choice_is_retried_on_another_engine() -> None:
+    """Found at the end of assembly, it is still an engine output error before headers."""
+    with HostileEngine(_done_without_a_choice) as bad, HostileEngine(well_behaved) as good:
+        config = config_for(bad, good, max_attempts=2, policy="round_robin")
+        with router_process(config) as router:
+            replies = [await send(router.url, body_for(False)) for _ in range(2)]
+            values = await assert_all_released(router)
+    assert [r.status for r in replies] == [200, 200], [r.raw for r in replies]
+    assert bad.requests >= 1
+    assert values['narwhal_engine_failures_total{engine="h0",stage="before_headers"}'] >= 1
+
+
 async def test_max_event_bytes_is_configurable() -> None:
     """An event of 64 KiB passes the default and fails a 32 KiB limit."""
 
