@@ -13,9 +13,8 @@ tracing starts, so the engine's side counts nothing.
 
 from __future__ import annotations
 
-import gc
 import tracemalloc
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import aiohttp
@@ -52,16 +51,6 @@ def _started_then_unfinished_event_then_drop() -> Script:
     first = sse({"id": "x", "choices": [{"index": 0, "delta": {"role": "assistant"}}]})
     unfinished = _unfinished_event_then_drop()
     return Script([first, *unfinished.pieces], abort=True)
-
-
-@pytest.fixture
-def no_gc() -> Iterator[None]:
-    gc.collect()
-    gc.disable()
-    try:
-        yield
-    finally:
-        gc.enable()
 
 
 CASES: dict[str, tuple[Callable[[], Script], bool, int, int]] = {

@@ -9,9 +9,7 @@ test_failed_attempt_memory.py measures that end to end).
 
 from __future__ import annotations
 
-import gc
 import weakref
-from collections.abc import Iterator
 
 import pytest
 
@@ -29,16 +27,6 @@ FAILING = {
     "bad token id": b'data: {"choices":[{"index":0,"delta":{"content":"a"},"token_ids":[-1]}]}\n\n',
     "missing token ids": b'data: {"choices":[{"index":0,"delta":{"content":"a"}}]}\n\n',
 }
-
-
-@pytest.fixture
-def no_gc() -> Iterator[None]:
-    gc.collect()
-    gc.disable()
-    try:
-        yield
-    finally:
-        gc.enable()
 
 
 @pytest.mark.usefixtures("no_gc")
