@@ -416,6 +416,13 @@ class Dispatcher:
                         while not stream.done and await stream.read() is not None:
                             pass
                         await stream.settle(_DONE_GRACE_S)
+                        # An answer that ended unfinished or without a choice fails here,
+                        # like any engine output error before headers.
+                        completion_tokens, _ = tracker.output_tokens()
+                        assembled = assembler.result(
+                            prompt_tokens=context.prompt_tokens,
+                            completion_tokens=completion_tokens,
+                        )
             except TimeoutError:
                 raise self._expired_before_headers() from None
             except _RETRYABLE as error:
@@ -424,14 +431,6 @@ class Dispatcher:
             if request.stream:
                 leased = True
                 return StreamLease(self, ticket, context, stream, first, deadline)
-            completion_tokens, _ = tracker.output_tokens()
-            try:
-                assembled = assembler.result(
-                    prompt_tokens=context.prompt_tokens, completion_tokens=completion_tokens
-                )
-            except _RETRYABLE as error:  # an answer that ended unfinished or without a choice
-                self.metrics.engine_series(working.name).failures["before_headers"].inc()
-                return _Failed(working.name, error.message)
             return Assembled(assembled)
         finally:
             if stream is not None and not leased:

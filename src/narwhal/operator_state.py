@@ -75,16 +75,14 @@ class OperatorState:
                 except ValueError:
                     log.warning("operator state: ignoring key %s (not a wave number)", kv.key)
         registry = self._registry
-        changed = waves != registry.active_waves
+        changed = False
         for name, entry in registry.entries.items():
             if entry.drained != (name in drained):
                 changed = True
                 registry.set_drained(name, name in drained)
-        if waves != registry.active_waves:
-            for wave in registry.active_waves - waves:
-                registry.set_wave(wave, False)
-            for wave in waves - registry.active_waves:
-                registry.set_wave(wave, True)
+        for wave in registry.active_waves ^ waves:
+            changed = True
+            registry.set_wave(wave, wave in waves)
         if changed:
             log.info(
                 "operator state from etcd: drained %s, maintenance waves %s",

@@ -199,7 +199,7 @@ class Router:
     async def _on_cleanup(self, app: web.Application) -> None:
         await self.loop_monitor.close()
         if self.leadership is not None:
-            await self.leadership.close()
+            await self.leadership.resign()  # idempotent: SIGTERM resigned already
         if self.profiler is not None:
             await self.profiler.close()
         if self.monitor is not None:

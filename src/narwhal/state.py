@@ -78,9 +78,6 @@ class RouterState:
             return "fenced"
         return reason
 
-    def reason_of(self, owner: Owner) -> str | None:
-        return self._reasons.get(owner)
-
     def set(self, owner: Owner, reason: str | None, why: str = "") -> None:
         """Set (or, with None, clear) `owner`'s reason; `why` goes into the change's log line."""
         if self._reasons.get(owner) == reason:

@@ -24,8 +24,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 from tests.e2e.conftest import MODEL
 from tests.etcd_server import EtcdServer, etcd_server
 from tests.faultproxy import FaultProxy, fault_proxy
@@ -440,14 +438,13 @@ def test_a_request_queued_when_the_lease_is_lost_gets_the_503_and_in_flight_work
         assert metrics["narwhal_admission_queue_depth"] == 0
 
 
-@pytest.mark.parametrize("backend", ["none"])
-def test_without_high_availability_the_router_is_always_active(backend: str) -> None:
+def test_without_high_availability_the_router_is_always_active() -> None:
     with narwhal_process(["sim", "--port", "0", "--model", MODEL]) as engine:
         config = {
             "model": MODEL,
             "engines": [{"name": "e0", "url": engine.url, "role": "both"}],
             "admission": {"mode": "open"},
-            "ha": {"backend": backend},
+            "ha": {"backend": "none"},
         }
         with router_process(config) as router:
             wait_until(lambda: (ready(router) or {}).get("ready") is True, 10, "ready")

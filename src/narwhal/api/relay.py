@@ -158,15 +158,13 @@ async def _push(body: StreamBody, stream: EngineStream) -> bool:
         stream.resume()
         return False
     if isinstance(result, BaseException):
-        # The error's traceback will hold this frame; this frame must not hold the error
-        # (nor the pump whose future holds it), or the cycle keeps the engine's buffers
-        # alive until the next full collection.
-        error, result = result, None
-        del pump
         try:
-            raise error
+            raise result
         finally:
-            del error
+            # The error's traceback holds this frame: the frame must not hold the error
+            # (nor the pump whose future holds it), or the cycle keeps the engine's
+            # buffers alive until the next full collection.
+            del result, pump
     return bool(result)
 
 

@@ -50,6 +50,7 @@ class Leadership:
         self.election = Election(timing, clock())
         self._task: asyncio.Task[None] | None = None
         self._fence_timer: asyncio.TimerHandle | None = None
+        self._fenced_at: float | None = None  # when the armed timer fires
         self._granted_ttl_warned = False
         election = self.election
         state.set_guard(lambda: election.admitting(clock()))
@@ -71,17 +72,12 @@ class Leadership:
                 await self._client.revoke(lease)
             log.info("ha: resigned leadership (lease revoked)")
 
-    async def close(self) -> None:
-        await self.resign()
-
     async def _stop_task(self) -> None:
         task, self._task = self._task, None
         if task is not None:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
-                await task
-        if self._fence_timer is not None:
-            self._fence_timer.cancel()
+                await task  # the fence timer goes at the next _publish(): no task, no timer
 
     async def _run(self) -> None:
         election, clock = self.election, self._clock
@@ -163,16 +159,20 @@ class Leadership:
         self._arm_fence_timer()
 
     def _arm_fence_timer(self) -> None:
+        """One timer at the current fence time, re-armed only when that time moves."""
+        fence_at = self.election.fence_at if self._task is not None else None
+        if fence_at == self._fenced_at:
+            return
         if self._fence_timer is not None:
             self._fence_timer.cancel()
             self._fence_timer = None
-        fence_at = self.election.fence_at
-        if fence_at is None or self._task is None:
-            return
-        loop = asyncio.get_running_loop()
-        self._fence_timer = loop.call_later(max(0.0, fence_at - self._clock()), self._fence)
+        self._fenced_at = fence_at
+        if fence_at is not None:
+            delay = max(0.0, fence_at - self._clock())
+            self._fence_timer = asyncio.get_running_loop().call_later(delay, self._fence)
 
     def _fence(self) -> None:
         self._fence_timer = None
+        self._fenced_at = None
         self.election.tick(self._clock())
         self._publish()
