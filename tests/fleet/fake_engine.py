@@ -34,6 +34,7 @@ class FakeEngine:
         self.health_body = ""
         self.metrics_text = VLLM_PAGE
         self.version: str | None = None  # GET /version: {"version": ...}, or 404 when None
+        self.version_delay_s = 0.0
         self.hits: collections.Counter[str] = collections.Counter()
         self.port = 0
         self._runner: web.AppRunner | None = None
@@ -72,6 +73,7 @@ class FakeEngine:
 
     async def _version(self, request: web.Request) -> web.Response:
         self.hits["/version"] += 1
+        await asyncio.sleep(self.version_delay_s)
         if self.version is None:
             return web.Response(status=404, text="no")
         return web.json_response({"version": self.version})

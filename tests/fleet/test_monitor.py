@@ -125,6 +125,37 @@ async def test_stopped_engine_leaves_placement_and_comes_back(
     print(f"left placement after {left_after:.3f} s, back after {back_after:.3f} s")
 
 
+async def test_an_engine_coming_up_is_placeable_only_once_checked_and_announced(
+    make_monitor: MonitorFactory, fake_engine: FakeEngine
+) -> None:
+    # What a vLLM engine serves is asked when it comes up (here /version, slowly):
+    # placement must not see it up before that answer, nor before the subscribers
+    # (the router's /ready) have heard.
+    fake_engine.version = "0.11.0"
+    fake_engine.version_delay_s = 0.3
+    config = fleet(interval=0.05, timeout=1.0)
+    monitor = make_monitor([engine("e0", fake_engine.url)], config)
+    changes = Changes(monitor, "e0")
+    await monitor.start()
+    assert changes.seen == [True]
+    await fake_engine.stop()
+    await wait_for(lambda: not monitor.is_placeable("e0"), within=3.0)
+    fake_engine.version = "0.12.0"  # the restart brought an upgrade
+    await fake_engine.start()
+    checked = fake_engine.hits["/version"]
+
+    def placeable_only_when_told() -> bool:
+        if not monitor.is_placeable("e0"):
+            return False
+        assert changes.seen[-1] is True  # told in the same step it changed
+        assert fake_engine.hits["/version"] > checked
+        assert monitor.health("e0").version == "0.12.0"
+        return True
+
+    await wait_for(placeable_only_when_told, within=5.0, step=0.002)
+    assert changes.seen == [True, False, True]
+
+
 async def test_503_takes_an_engine_out_at_once(
     make_monitor: MonitorFactory, fake_engine: FakeEngine
 ) -> None:

@@ -92,6 +92,7 @@ class FleetMonitor:
             registry, {name: e.state for name, e in self._engines.items()}, time.monotonic
         )
         self._subscribers: list[Callable[[], None]] = []
+        self._degraded = False  # monitoring_degraded() as last announced
         self._tasks: list[asyncio.Task[None]] = []
         self._started = False
         self._closed = False
@@ -182,17 +183,21 @@ class FleetMonitor:
             health, scrape = await asyncio.gather(self._check(engine), self._scrape(engine))
         else:
             health, scrape = await self._check(engine), None
-        now = time.monotonic()
         state, name = engine.state, engine.config.name
-        was_status, was_degraded = state.status, self.monitoring_degraded()
-        state.record_health(health, now)
+        was_status = state.status
         if health is not HealthCheck.OK:
             self._metrics.count_failure(name, "health")
         else:
+            # Before the health is recorded, so that no one (placement, subscribers)
+            # sees the engine placeable while what it serves is still being asked.
             if self._model is not None and (was_status != "up" or state.serves_model is None):
                 await self._check_model(engine)
             if engine.capabilities.version_gates_token_ids and was_status != "up":
                 await self._check_version(engine)  # (a restart may have changed it)
+        # From here to the announcement nothing awaits: a change is seen and
+        # announced in one step of the loop.
+        now = time.monotonic()
+        state.record_health(health, now)
         if scrape is not None:
             state.record_scrape(scrape, now)
             if isinstance(scrape, MetricsFailure) and state.metrics_supported is not False:
@@ -200,7 +205,7 @@ class FleetMonitor:
         else:
             state.refresh(now)
         _log_changes(name, state, health, was_status, engine.placeable, now)
-        self._announce(engine, was_degraded)
+        self._announce(engine)
 
     async def _check_model(self, engine: _Engine) -> None:
         models = await list_models(self._session, engine.base_url, self._timeout)
@@ -257,12 +262,13 @@ class FleetMonitor:
             log.exception("fleet: metrics scrape of engine %s raised", engine.config.name)
             return MetricsFailure.ERROR
 
-    def _announce(self, engine: _Engine, was_degraded: bool) -> None:
+    def _announce(self, engine: _Engine) -> None:
         placeable, degraded = engine.state.placeable, self.monitoring_degraded()
-        if placeable == engine.placeable and degraded == was_degraded:
+        if placeable == engine.placeable and degraded == self._degraded:
             return
         engine.placeable = placeable
-        if degraded != was_degraded:
+        if degraded != self._degraded:
+            self._degraded = degraded
             log.warning("fleet: monitoring %s", "degraded" if degraded else "recovered")
         for callback in list(self._subscribers):
             try:
