@@ -59,11 +59,12 @@ async def test_every_failed_attempt_is_logged_with_its_request_and_engine(
     assert after == 200 and b'"error"' in events
     messages = [r.getMessage() for r in caplog.records]
     # Two attempts, one on each engine: both failures are there, each with its engine.
-    attempts = sorted(m for m in messages if m.startswith("request req-before: attempt"))
+    attempts = sorted(m for m in messages if m.startswith("request req-before-"))
+    assert all(": attempt " in m for m in attempts), attempts
     assert len(attempts) == 2, messages
     assert {m.split(" on engine ")[1][:2] for m in attempts} == {"s0", "s1"}
     assert all("answered 500" in m for m in attempts), attempts
-    (streamed,) = [m for m in messages if m.startswith("request req-after:")]
+    (streamed,) = [m for m in messages if m.startswith("request req-after-")]
     assert "failed after the response started" in streamed
     assert "simulated engine failure" in streamed
     failures = 'narwhal_engine_failures_total{{engine="{}",stage="{}"}}'

@@ -192,7 +192,10 @@ async def test_disaggregated_pair_carries_transfer_parameters(start: Start) -> N
     assert reply.status == 200, reply.raw
     events = [e for e in reply.events() if isinstance(e, dict)]
     assert reply.events()[-1] == "[DONE]"
-    assert all(e["id"] == "chatcmpl-pd-1" for e in events)  # both halves, one request id
+    # Both halves carry one request id: the client's, made the request's own.
+    (event_id,) = {e["id"] for e in events}
+    assert event_id.startswith("chatcmpl-pd-1-")
+    assert event_id == "chatcmpl-" + reply.headers["X-Request-Id"]
     ids = [i for e in events for c in e["choices"] for i in (c.get("token_ids") or [])]
     assert len(ids) == 8
     decode_metrics = await metrics_of(decode.url)

@@ -1,4 +1,13 @@
-"""X-Request-Id: taken from the client when it is sane, otherwise generated."""
+"""X-Request-Id: every request's own id, unique to it, carrying the client's id when sane.
+
+The id goes to the engines (vLLM makes it its own request id, and the response's `id`
+from it), into the router's logs and back to the client in X-Request-Id. Two clients
+that send the same id (a retrying client, a constant in someone's code, or an attempt to
+collide with another client's request at the engine) must still get requests that
+nothing can mix up, so a client's id is only ever a prefix: `<client id>-<router id>`,
+where the router's part is unique to the request. The client can still find its own id
+at the start of every id the router and the engines show.
+"""
 
 from __future__ import annotations
 
@@ -19,6 +28,7 @@ _counter = itertools.count(1)
 
 
 def choose_request_id(offered: str | None) -> str:
+    own = f"{_PREFIX}{next(_counter):016x}"
     if offered is not None and _SANE.fullmatch(offered):
-        return offered
-    return f"{_PREFIX}{next(_counter):016x}"
+        return f"{offered}-{own}"
+    return own
