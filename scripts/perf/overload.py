@@ -398,11 +398,21 @@ def start_router(
     procs: Processes, tag: str, args: argparse.Namespace
 ) -> tuple[Server, list[Server]]:
     sims = admission.start_fleet(procs, tag, [()] * args.engines)
+    for sim in sims:
+        renice(sim.pid, args.engines_nice)
     named = [(f"e{i}", sim, "both") for i, sim in enumerate(sims)]
     config = admission.router_config(
         procs.log_dir / f"router-{tag}.yaml", named, "predictive", args.budget
     )
     return procs.router(f"narwhal-{tag}", config), sims
+
+
+def renice(pid: int, nice: int) -> None:
+    """Lower every thread of `pid` to `nice` (Linux keeps a nice value per thread)."""
+    if nice == 0:
+        return
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        os.setpriority(os.PRIO_PROCESS, int(tid), nice)
 
 
 def run_level(procs: Processes, level: float, capacity: float, args: argparse.Namespace) -> Level:
@@ -757,6 +767,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--step-budget", type=int, default=8192, help="the sims' --max-num-batched-tokens"
     )
+    parser.add_argument(
+        "--engines-nice",
+        type=int,
+        default=10,
+        help="nice value of the sims (0: same priority as router and client); in "
+        "production the engines are GPUs, not processes competing for the router's cores",
+    )
     parser.add_argument("--lag-target-ms", type=float, default=50.0, help="loop lag p99 bound")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
@@ -785,7 +802,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"\n## Overload: {args.engines} sims (both roles, time-scale 1) behind one Narwhal, "
         f"predictive admission, TTFT budget {args.budget:g} s; prompts {admission.PROMPTS} "
         f"tokens, outputs {admission.OUTPUTS} (ignore_eos), Poisson arrivals, "
-        f"{args.seconds:g} s per level"
+        f"{args.seconds:g} s per level; sims at nice {args.engines_nice}"
     )
     print("\n" + harness.stamp(revision) + "\n")
     print(
