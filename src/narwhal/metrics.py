@@ -11,9 +11,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Final, get_args
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from narwhal.errors import Outcome
+from narwhal.exposition import Exposition
 
 OUTCOMES: Final[tuple[Outcome, ...]] = get_args(Outcome)
 REJECT_REASONS = ("retention", "queue")
@@ -44,6 +45,7 @@ class EngineSeries:
 class RouterMetrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
+        self._exposition = Exposition(self.registry)
         r = self.registry
         self.offered = Counter(
             "narwhal_offered", "Requests that reached a completion route.", registry=r
@@ -165,4 +167,4 @@ class RouterMetrics:
         self._outcome_children[outcome].inc()
 
     def render(self) -> bytes:
-        return generate_latest(self.registry)
+        return self._exposition.render()
