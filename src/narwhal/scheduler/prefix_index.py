@@ -71,13 +71,14 @@ class PrefixIndex:
     """One engine's cached prompt blocks as the router believes them: a bounded LRU set.
 
     `capacity_blocks` follows the engine's KV cache (`resize`); `limit_blocks` is the
-    configured hard cap that bounds memory whatever the engine reports (about 150 bytes
-    a block: see scripts/perf/prefix_index.py).
+    configured hard cap that bounds memory whatever the engine reports: about 126 bytes
+    a block, the hash's int included (121 MiB at 1M blocks; scripts/perf/prefix_index.py).
 
     An OrderedDict, not a plain dict: evicting the oldest key of a dict means finding
     its first live entry, which after many deletions from the front walks every deleted
-    slot until the next resize (78 us an eviction at 1M keys against 0.35 us, measured
-    by the benchmark).
+    slot until the next resize. At 1M blocks an insert that evicts costs 15 us a block
+    with a dict (more as deletions pile up) against 0.43 us; the dict would take 78
+    bytes a block instead of 126.
     """
 
     __slots__ = ("_blocks", "_capacity", "_limit")
