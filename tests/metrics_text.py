@@ -19,3 +19,9 @@ def samples(text: str) -> dict[str, float]:
 def total(values: dict[str, float], name: str) -> float:
     """Sum of every sample of `name`, whatever its labels."""
     return sum(v for k, v in values.items() if k == name or k.startswith(name + "{"))
+
+
+def series(name: str, **labels: str) -> str:
+    """The key `samples` gives the sample `name` with `labels`."""
+    pairs = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
+    return f"{name}{{{pairs}}}" if pairs else name

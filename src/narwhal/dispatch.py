@@ -51,6 +51,7 @@ from narwhal.protocol.forward import StreamCollector, StreamForwarder
 from narwhal.protocol.requests import CompletionRequest, Route
 from narwhal.protocol.tracker import OutputTracker
 from narwhal.protocol.upstream import CHOICES, upstream_body
+from narwhal.protocol.usage import usage_tokens
 from narwhal.scheduler.placement import PlacementRequest
 from narwhal.scheduler.registry import EngineRegistry
 from narwhal.scheduler.scheduler import Plan, Scheduler
@@ -133,6 +134,7 @@ class StreamLease:
             metrics.engine_series(self.stream.engine_name).failures["after_headers"].inc()
         try:
             dispatcher.end_attempt(self.stream, self.context)
+            dispatcher.count_served(self.stream, self.context, streamed=True)
         finally:
             dispatcher.release(self._ticket)  # whatever accounting did (a bug is raised on)
 
@@ -193,6 +195,8 @@ class Dispatcher:
         self._prompt_counted = prompt_counted
         for engine in config.engines:  # every engine's series from the start: zeros, not gaps
             metrics.engine_series(engine.name)
+            if engine.role == "prefill":
+                metrics.prefill_series(engine.name)
         # Engine addresses stay out of what clients read (the log keeps them).
         self._addresses = sorted(
             [(address, f"<{e.name}>") for e in config.engines for address in _addresses_of(e.url)]
@@ -380,11 +384,17 @@ class Dispatcher:
                 async with asyncio.timeout_at(deadline):
                     body = upstream_body(request, client.dialect)
                     if plan.prefill is not None:
+                        sent = time.monotonic()
                         body["kv_transfer_params"] = await run_prefill(
                             self._clients[plan.prefill.name],
                             request,
                             request_id=context.request_id,
                             authorization=context.authorization,
+                        )
+                        # The decode engine's TTFT holds this wait too; only this series
+                        # says which prefill engine it was spent on.
+                        self.metrics.prefill_series(plan.prefill.name).observe(
+                            time.monotonic() - sent
                         )
                         self.gate.prefill_answered(ticket)
                         working = plan.decode
@@ -431,6 +441,7 @@ class Dispatcher:
             if request.stream:
                 leased = True
                 return StreamLease(self, ticket, context, stream, first, deadline)
+            self.count_served(stream, context, streamed=False)
             return Assembled(assembled)
         finally:
             if stream is not None and not leased:
@@ -454,6 +465,18 @@ class Dispatcher:
             counted = tracker.usage.get("prompt_tokens")
             if type(counted) is int and counted > 0:
                 self._prompt_counted(tracker.route, size, counted)
+
+    def count_served(
+        self, stream: EngineStream, context: RequestContext, *, streamed: bool
+    ) -> None:
+        """Count the tokens of the attempt whose answer goes to the client (only that one:
+        an attempt that failed before headers was retried or became the client's error)."""
+        tracker = stream.tracker
+        prompt = None if tracker.usage is None else usage_tokens(tracker.usage)[0]
+        completion, _ = tracker.output_tokens()
+        series = self.metrics.request_series(tracker.route, streamed)
+        series.prompt_tokens.inc(context.prompt_tokens if prompt is None else prompt)
+        series.completion_tokens.inc(completion)
 
     def _expired_before_headers(self) -> TerminalExpiry:
         self.metrics.expired.labels("deadline_before_headers").inc()

@@ -48,6 +48,7 @@ from narwhal.models.book import ModelBook
 from narwhal.models.metrics import ModelCollector
 from narwhal.operator_state import OperatorState
 from narwhal.scheduler.learning import PlacementLearning
+from narwhal.scheduler.metrics import EngineStateCollector
 from narwhal.scheduler.predictive import ProjectingScorer, decoding_on
 from narwhal.scheduler.registry import EngineEntry, EngineRegistry
 from narwhal.scheduler.scheduler import Scheduler
@@ -66,6 +67,7 @@ class Router:
         # With HA, refuse from the first instant: leadership is proven, never assumed.
         self.state = RouterState(self.metrics.registry, {"ha": "standby"} if ha else None)
         self.registry = EngineRegistry(config.engines)
+        self.metrics.registry.register(EngineStateCollector(self.registry))
         admission = config.admission
         predictive = admission.mode == "predictive"
         round_robin = config.fleet.policy == "round_robin"

@@ -1,7 +1,8 @@
 """The completion routes' front: body limit, parsing, validation and the admission counters.
 
 Every request that reaches a completion route is offered exactly once and ends in exactly
-one terminal outcome, counted in `finally`, whichever way the handler leaves.
+one terminal outcome, counted in `finally`, whichever way the handler leaves; its duration
+(arrival to the end of its response) is observed there too.
 """
 
 from __future__ import annotations
@@ -65,6 +66,8 @@ class CompletionFront:
         outcome: Outcome = "client_gone"
         sized = False
         relaying = False  # a stream response may have started
+        streaming = False  # as the body asks; a body never parsed is answered with JSON
+        written: float | None = None  # a stream's last write (the engine's end may follow)
         try:
             headers = http.headers
             timeout = request_timeout(
@@ -75,6 +78,7 @@ class CompletionFront:
             check_content_encoding(headers.getall(CONTENT_ENCODING, []))
             raw = await read_limited_body(http, self._config.serving.max_request_bytes, deadline)
             parsed = parse_request(raw, route, model=self._config.model)
+            streaming = parsed.stream
             # Cheap refusals first: a router that may not admit says so before sizing.
             reason = self._state.unavailable_reason()
             if reason is not None:
@@ -94,7 +98,7 @@ class CompletionFront:
                 outcome = "completed"
                 return json_response(served.body, request_id=request_id)
             relaying = True
-            response, outcome = await self._relay(http, served)
+            response, outcome, written = await self._relay(http, served)
             return response
         except NarwhalError as error:
             outcome = error.outcome
@@ -139,19 +143,23 @@ class CompletionFront:
             return error_response(NarwhalError("Internal router error."), request_id)
         finally:
             metrics.count_outcome(outcome)
+            ended = time.monotonic() if written is None else written
+            metrics.observe_duration(route, streaming, outcome, ended - arrived)
 
     async def _relay(
         self, http: web.Request, lease: StreamLease
-    ) -> tuple[web.StreamResponse, Outcome]:
-        """Write the leased stream to the client; the lease is finished whatever happens."""
+    ) -> tuple[web.StreamResponse, Outcome, float]:
+        """Write the leased stream to the client; the lease is finished whatever happens.
+        Also returns when the last byte was written (before the engine's end is drained)."""
         outcome: Outcome = "client_gone"  # if this task is cancelled (the client went away)
         try:
             response, outcome = await relay_stream(
                 http, lease.stream, lease.first, lease.context.request_id, lease.deadline
             )
+            written = time.monotonic()
             if outcome == "completed":
                 await lease.drain()
-            return response, outcome
+            return response, outcome, written
         finally:
             lease.finish(outcome)
 
