@@ -17,6 +17,7 @@ from narwhal.bench.conversation import (
     ConversationSpec,
     SecondsRange,
 )
+from narwhal.bench.runner import arrival_offsets
 from narwhal.bench.shared_prefix import SharedPrefixWorkload, SystemPrompts, SystemPromptSpec
 from narwhal.bench.transcripts import load_transcripts
 from narwhal.bench.workload import LengthRange, PromptText
@@ -86,6 +87,11 @@ def test_the_same_seed_makes_the_same_conversations() -> None:
     assert {s.turns for s in scripts} == {2, 3, 4, 5, 6}  # drawn per conversation
     assert all(s.think_s[0] == 0.0 and all(0 <= t <= 2 for t in s.think_s) for s in scripts)
     assert all(4 <= m <= 32 for s in scripts for m in s.max_tokens)
+    # Arrival times too: a seeded Poisson process per stage.
+    times = list(itertools.islice(arrival_offsets(7, 0, 2.0), 50))
+    assert times == list(itertools.islice(arrival_offsets(7, 0, 2.0), 50))
+    assert times[0] == 0.0 and times == sorted(times)
+    assert times != list(itertools.islice(arrival_offsets(8, 0, 2.0), 50))
 
 
 def test_each_turn_sends_the_last_ones_messages_its_reply_and_a_new_message() -> None:
