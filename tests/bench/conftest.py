@@ -1,4 +1,5 @@
-"""A small vLLM-shaped engine on 127.0.0.1 (ephemeral port) for the bench's own tests.
+"""A small vLLM-shaped engine on 127.0.0.1 (ephemeral port) for the bench's own tests, and
+`sim_url`: a real `narwhal sim --time-scale 0` subprocess on an ephemeral port.
 
 It runs in a thread with its own event loop, so tests can call the bench's
 synchronous `run()` (which owns its loop) or start it as a subprocess.
@@ -20,7 +21,10 @@ padding ahead of the `error` object, for a body too large to read whole).
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import json
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -174,3 +178,37 @@ def engine_url() -> Iterator[str]:
         yield engine.url
     finally:
         engine.stop()
+
+
+def _sim_available() -> bool:
+    try:
+        return importlib.util.find_spec("narwhal.sim.cli") is not None
+    except ModuleNotFoundError:
+        return False
+
+
+@pytest.fixture
+def sim_url() -> Iterator[str]:
+    if not _sim_available():
+        pytest.skip("narwhal.sim.cli is not importable yet (`narwhal sim` is being built)")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "narwhal", "sim", "--port", "0", "--time-scale", "0"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        prefix = "narwhal sim listening on "
+        assert line.startswith(prefix), f"unexpected first line from narwhal sim: {line!r}"
+        yield line[len(prefix) :].strip()
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
+        if proc.stdout is not None:
+            proc.stdout.close()

@@ -13,6 +13,7 @@ import pytest
 import narwhal.bench
 from narwhal.bench import cli
 from narwhal.bench.config import BenchConfig, StagePlan, from_args
+from narwhal.bench.conversation import ConversationCounts
 from narwhal.bench.progress import Counters, render
 from narwhal.bench.record import HTTP, Record
 from narwhal.bench.report import document, summaries, table, write_json
@@ -95,3 +96,57 @@ def test_bench_imports_nothing_of_the_router() -> None:
             for name in names:
                 if name.startswith("narwhal"):
                     assert name.startswith(("narwhal.bench", "narwhal.protocol")), (module, name)
+
+
+def test_conversation_stage_table_and_document(tmp_path: Path) -> None:
+    records = []
+    for number, (conversation, turn) in enumerate([(0, 1), (0, 2), (1, 1)]):
+        r = Record(number, 0, 100, 4)
+        r.start, r.status, r.ttft, r.last_token, r.latency = number * 0.1, 200, 0.2, 0.3, 0.3
+        r.tokens, r.events, r.conversation, r.turn, r.system_prompt = 4, 6, conversation, turn, 1
+        r.usage_prompt_tokens, r.cached_tokens = 200, 100 if turn == 2 else 0
+        records.append(r)
+    counts = ConversationCounts(started=2, completed=1, cut=1)
+    stage = StageResult(
+        plan=StagePlan("rate=2/s", 2.0, 16, 3, None),
+        records=records,
+        started=0.0,
+        window_s=1.0,
+        cpu_s=0.003,
+        issued=3,
+        interrupted=False,
+        conversations=counts,
+        conversation_rate=1.0,
+    )
+    res = BenchResult(config(), "m", [stage], False, {})
+    sums = summaries(res)
+    text = table(res, sums)
+    assert "2 req/s as conversations Poisson at 1/s (generated" in text
+    assert "conversations 2 started: 1 completed, 0 ended by a failed turn, 1 cut" in text
+    assert "turns         mean 1.5 per conversation, max 2" in text
+    assert "  turn 1" in text and "  turn 2" in text
+    assert "prompt cache  16.7% of prompt tokens cached (100 of 600, 3 responses)" in text
+    doc = document(res, sums)
+    write_json(tmp_path / "r.json", doc)
+    doc = json.loads((tmp_path / "r.json").read_text())
+    (stage_doc,) = doc["stages"]
+    assert stage_doc["conversation_rate"] == 1.0
+    c = stage_doc["summary"]["conversations"]
+    assert (c["started"], c["completed"], c["failed"], c["cut"]) == (2, 1, 0, 1)
+    assert [(t["turn"], t["count"]) for t in c["ttft_by_turn_s"]] == [(1, 2), (2, 1)]
+    assert stage_doc["summary"]["prompt_cache"]["cached_share"] == pytest.approx(1 / 6)
+    first = stage_doc["requests"][0]
+    assert (first["conversation"], first["turn"], first["system_prompt"]) == (0, 1, 1)
+    assert (first["usage_prompt_tokens"], first["cached_prompt_tokens"]) == (200, 0)
+
+
+def test_a_single_workload_document_has_the_new_fields_null() -> None:
+    res = result()
+    doc = document(res, summaries(res))
+    assert doc["config"]["workload"] == "single" and doc["config"]["prefix"] is None
+    stage = doc["stages"][0]
+    assert stage["summary"]["conversations"] is None
+    assert "conversations" not in table(res, summaries(res))
+    first = stage["requests"][0]
+    assert first["conversation"] is None and first["turn"] is None
+    assert first["system_prompt"] is None and first["usage_prompt_tokens"] is None

@@ -215,3 +215,38 @@ def test_done_followed_by_comments() -> None:
     for cut in range(len(stream) + 1):
         s = scan([stream[:cut], stream[cut:]])
         assert (s.done, s.events, s.tokens) == (True, 1, 1), cut
+
+
+def test_usage_prompt_and_cached_tokens() -> None:
+    s = scan([VLLM_CHAT])
+    assert (s.prompt_tokens, s.cached_tokens) == (3, -1)  # no prompt_tokens_details
+    usage = {
+        "prompt_tokens": 2048,
+        "total_tokens": 2057,
+        "completion_tokens": 9,
+        "prompt_tokens_details": {"cached_tokens": 1536},
+    }
+    detailed = VLLM_CHAT.replace(USAGE, event({"id": "chatcmpl-1", "choices": [], "usage": usage}))
+    for cut in range(0, len(detailed), 7):
+        s = scan([detailed[:cut], detailed[cut:]])
+        assert (s.prompt_tokens, s.cached_tokens, s.usage_tokens) == (2048, 1536, 9), cut
+
+
+def test_a_whole_body_usage_before_a_long_prompt_token_ids_list() -> None:
+    # vLLM puts prompt_token_ids after usage: with a long prompt, far past the tail.
+    body = json.dumps(
+        {
+            "choices": [{"index": 0, "message": {"content": "x"}, "finish_reason": "length"}],
+            "usage": {"prompt_tokens": 5000, "completion_tokens": 1, "total_tokens": 5001},
+            "prompt_token_ids": list(range(100000, 105000)),
+        }
+    ).encode()
+    s = StreamScanner()
+    s.scan_body(body, 0.5)
+    assert (s.prompt_tokens, s.usage_tokens, s.cached_tokens) == (5000, 1, -1)
+
+
+def test_usage_keys_inside_generated_text_do_not_count() -> None:
+    fake = chat_chunk('"prompt_tokens": 77, "cached_tokens": 5', [1])
+    s = scan([ROLE + fake + DONE])
+    assert (s.prompt_tokens, s.cached_tokens) == (-1, -1)

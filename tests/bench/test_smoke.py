@@ -1,18 +1,15 @@
-"""`python -m narwhal bench` as a subprocess, against the test engine and `narwhal sim`."""
+"""`python -m narwhal bench` as a subprocess, against the test engine and `narwhal sim`
+(the `sim_url` fixture is in conftest)."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
-
-import pytest
 
 
 def run_bench(
@@ -45,40 +42,6 @@ def test_subprocess_against_test_engine(engine_url: str, tmp_path: Path) -> None
     )
     check(proc, doc, 16)
     assert doc["stages"][0]["summary"]["output_tokens"] == 16 * 8
-
-
-def _sim_available() -> bool:
-    try:
-        return importlib.util.find_spec("narwhal.sim.cli") is not None
-    except ModuleNotFoundError:
-        return False
-
-
-@pytest.fixture
-def sim_url() -> Iterator[str]:
-    if not _sim_available():
-        pytest.skip("narwhal.sim.cli is not importable yet (`narwhal sim` is being built)")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "narwhal", "sim", "--port", "0", "--time-scale", "0"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        text=True,
-    )
-    try:
-        assert proc.stdout is not None
-        line = proc.stdout.readline()
-        prefix = "narwhal sim listening on "
-        assert line.startswith(prefix), f"unexpected first line from narwhal sim: {line!r}"
-        yield line[len(prefix) :].strip()
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(10)
-        if proc.stdout is not None:
-            proc.stdout.close()
 
 
 def test_subprocess_against_narwhal_sim(sim_url: str, tmp_path: Path) -> None:

@@ -7,6 +7,7 @@ import math
 
 import pytest
 
+from narwhal.bench.conversation import ConversationCounts
 from narwhal.bench.record import HTTP, TIMEOUT, TRUNCATED, Record
 from narwhal.bench.stats import (
     Slo,
@@ -16,6 +17,7 @@ from narwhal.bench.stats import (
     goodput,
     meets_slo,
     percentile,
+    prompt_cache,
     record_tpot,
     summarize,
     token_times,
@@ -136,3 +138,37 @@ def test_summarize_counts_add_up() -> None:
     assert s.cpu_per_request_s == pytest.approx(0.001)
     empty = summarize([], 0.0, 0.0, Slo())
     assert empty.requests == 0 and math.isnan(empty.cpu_per_request_s)
+
+
+def turn(conversation: int, number: int, ttft: float, *, error: str | None = None) -> Record:
+    r = rec(ttft=ttft, error=error, status=200 if error is None else 429)
+    r.conversation, r.turn = conversation, number
+    return r
+
+
+def test_conversation_summary_counts_turns_and_ttft_by_turn() -> None:
+    records = [
+        turn(0, 1, 0.30), turn(0, 2, 0.10), turn(0, 3, 0.12),
+        turn(1, 1, 0.50), turn(1, 2, 9.0, error=HTTP),  # failed: not in turn 2's TTFT
+        turn(2, 1, 0.40),
+    ]  # fmt: skip
+    counts = ConversationCounts(started=4, completed=1, failed=1, cut=2)
+    s = summarize(records, 1.0, 0.0, Slo(), counts)
+    c = s.conversations
+    assert c is not None
+    assert (c.started, c.completed, c.failed, c.unreadable, c.cut) == (4, 1, 1, 0, 2)
+    assert (c.turns.count, c.turns.mean, c.turns.max) == (3, 2.0, 3.0)
+    assert [(t.turn, t.ttft.count) for t in c.ttft_by_turn] == [(1, 3), (2, 1), (3, 1)]
+    assert c.ttft_by_turn[0].ttft.p50 == pytest.approx(0.40)
+    assert c.ttft_by_turn[1].ttft.max == pytest.approx(0.10)
+    assert summarize(records, 1.0, 0.0, Slo()).conversations is None
+
+
+def test_prompt_cache_share_from_reported_usage() -> None:
+    records = [rec(), rec(), rec(), rec(error=HTTP, status=429)]
+    assert math.isnan(prompt_cache(records).cached_share)  # nobody reported it
+    for r, (prompt, cached) in zip(records, [(100, 60), (300, 0), (50, -1), (80, 80)], strict=True):
+        r.usage_prompt_tokens, r.cached_tokens = prompt, cached
+    cache = prompt_cache(records)  # the third reported no cached count, the fourth failed
+    assert (cache.responses, cache.prompt_tokens, cache.cached_tokens) == (2, 400, 60)
+    assert cache.cached_share == pytest.approx(0.15)

@@ -19,6 +19,7 @@ from narwhal.bench import plot, report
 from narwhal.bench.client import SetupError
 from narwhal.bench.config import BenchConfig, from_args
 from narwhal.bench.session import run_bench
+from narwhal.bench.transcripts import Transcript, load_transcripts
 from narwhal.bench.workload import DatasetError, DatasetItem, load_dataset
 
 T = TypeVar("T")
@@ -99,10 +100,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
     shape = parser.add_argument_group("requests")
     shape.add_argument(
+        "--workload",
+        choices=defaults.WORKLOADS,
+        default=defaults.SINGLE,
+        help="single: independent prompts (or --dataset lines); multi-turn: conversations "
+        "whose every turn sends the whole history; shared-prefix: a few long system "
+        "prompts with short user suffixes (default: %(default)s)",
+    )
+    shape.add_argument(
         "--prompt-tokens",
-        default=defaults.DEFAULT_PROMPT_TOKENS,
         metavar="N|A:B",
-        help="prompt length, fixed or uniform (default: %(default)s)",
+        help=f"single: prompt length, fixed or uniform (default: {defaults.DEFAULT_PROMPT_TOKENS})",
     )
     shape.add_argument(
         "--max-tokens",
@@ -114,8 +122,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--dataset",
         type=Path,
         metavar="FILE",
-        help='JSONL: {"prompt": str} or {"messages": [...]}, optional '
-        '"max_tokens", other keys sent as they are',
+        help='JSONL. single: one request a line, {"prompt": str} or {"messages": [...]}, '
+        'optional "max_tokens", other keys sent as they are; multi-turn: one conversation '
+        'a line, {"messages": [...]} or ShareGPT\'s {"conversations": [{"from", "value"}]}, '
+        "its user messages sent turn by turn",
     )
     shape.add_argument("--no-stream", action="store_true", help="non-streaming requests")
     shape.add_argument(
@@ -125,6 +135,57 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     shape.add_argument("--ignore-eos", action="store_true", help="send vLLM's ignore_eos: true")
     shape.add_argument("--extra", metavar="JSON", help="JSON object merged into every body")
+
+    prefix = parser.add_argument_group(
+        "multi-turn and shared-prefix workloads",
+        "--rate stays requests per second: conversations arrive at --rate divided by the "
+        "mean turns per conversation, and -n counts turns. A turn that fails ends its "
+        "conversation.",
+    )
+    prefix.add_argument(
+        "--turns",
+        metavar="N|A:B",
+        help=f"multi-turn: turns per conversation, fixed or uniform "
+        f"(default: {defaults.DEFAULT_TURNS})",
+    )
+    prefix.add_argument(
+        "--think-time",
+        metavar="S|A:B",
+        help="multi-turn: seconds from a reply's end to the next turn, fixed or uniform "
+        f"(default: {defaults.DEFAULT_THINK_TIME})",
+    )
+    prefix.add_argument(
+        "--suffix-tokens",
+        metavar="N|A:B",
+        help="the new user message's length: each turn's (multi-turn), after the system "
+        f"prompt (shared-prefix) (default: {defaults.DEFAULT_SUFFIX_TOKENS})",
+    )
+    prefix.add_argument(
+        "--system-prompts",
+        type=int,
+        metavar="K",
+        help="K shared system prompts, one opening each request or conversation "
+        f"(default: {defaults.DEFAULT_SHARED_SYSTEM_PROMPTS} for shared-prefix, "
+        "0 for multi-turn)",
+    )
+    prefix.add_argument(
+        "--system-prompt-tokens",
+        metavar="N|A:B",
+        help="each system prompt's length, fixed or uniform "
+        f"(default: {defaults.DEFAULT_SYSTEM_PROMPT_TOKENS})",
+    )
+    prefix.add_argument(
+        "--system-prompt-zipf",
+        type=float,
+        metavar="S",
+        help="pick system prompts by Zipf: the i-th weighs 1/i**S (default: uniformly)",
+    )
+    prefix.add_argument(
+        "--dataset-replies",
+        action="store_true",
+        help="multi-turn --dataset: send the file's assistant messages as the history "
+        "(default: the replies received, the prefix the engine computed)",
+    )
 
     out = parser.add_argument_group("report")
     out.add_argument("--slo-ttft", type=float, metavar="S", help="TTFT objective, seconds")
@@ -184,13 +245,17 @@ def run(args: argparse.Namespace) -> int:
         except plot.PlotUnavailable as exc:
             return _fail(str(exc), 2)
     dataset: list[DatasetItem] | None = None
+    transcripts: list[Transcript] | None = None
     if config.dataset is not None:
         try:
-            dataset = load_dataset(config.dataset)
+            if config.workload == defaults.MULTI_TURN:
+                transcripts = load_transcripts(config.dataset)
+            else:
+                dataset = load_dataset(config.dataset)
         except DatasetError as exc:
             return _fail(f"error: --dataset: {exc}", 2)
     try:
-        result = _run_loop(run_bench(config, dataset), config.uvloop)
+        result = _run_loop(run_bench(config, dataset, transcripts), config.uvloop)
     except SetupError as exc:
         return _fail(str(exc), 1)
 

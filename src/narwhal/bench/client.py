@@ -62,11 +62,14 @@ async def execute(
     origin: float,
     keep_marks: bool = False,
     samples: dict[str, str] | None = None,
+    body_parts: list[bytes] | None = None,
 ) -> None:
     """Send one request and record what happened; never raises for request errors.
 
     `samples` gets, for each error key not in it yet, a short text saying why
-    (the start of the error body or event, or the exception).
+    (the start of the error body or event, or the exception). `body_parts`, when
+    given, gets every read of a 200 response as it came (a conversation reads its
+    reply from them once the response has ended, off the timed path).
     """
     scanner = StreamScanner(keep_marks)
     detail = b""
@@ -84,6 +87,8 @@ async def execute(
             elif stream:
                 async for data in resp.content.iter_any():
                     scanner.feed(data, perf() - t0)
+                    if body_parts is not None:
+                        body_parts.append(data)
                 scanner.close(perf() - t0)
                 if scanner.error_event:
                     record.error = ERROR_EVENT
@@ -94,6 +99,8 @@ async def execute(
             else:
                 payload = await resp.read()
                 scanner.scan_body(payload, perf() - t0)
+                if body_parts is not None:
+                    body_parts.append(payload)
                 if scanner.error_event:
                     record.error = ERROR_EVENT
                     detail = scanner.error_text
@@ -109,6 +116,8 @@ async def execute(
     record.latency = perf() - t0
     record.events = scanner.events
     record.tokens = scanner.tokens
+    record.usage_prompt_tokens = scanner.prompt_tokens
+    record.cached_tokens = scanner.cached_tokens
     if scanner.first_output >= 0.0:
         record.ttft = scanner.first_output
         # A whole response arrives at once: its TTFT is that moment, its TPOT unknown.

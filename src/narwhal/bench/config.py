@@ -13,8 +13,15 @@ from typing import Any
 import msgspec
 from yarl import URL
 
+from narwhal.bench.conversation import SecondsRange
+from narwhal.bench.shared_prefix import SystemPromptSpec
 from narwhal.bench.stats import Slo
 from narwhal.bench.workload import LengthRange
+
+SINGLE = "single"
+MULTI_TURN = "multi-turn"
+SHARED_PREFIX = "shared-prefix"
+WORKLOADS = (SINGLE, MULTI_TURN, SHARED_PREFIX)
 
 DEFAULT_REQUESTS = 1000
 DEFAULT_CONCURRENCY = 64  # closed loop: requests in flight
@@ -24,6 +31,11 @@ DEFAULT_TIMEOUT_S = 300.0
 DEFAULT_PROMPT_TOKENS = "128"
 DEFAULT_MAX_TOKENS = "64"
 DEFAULT_SEED = 0
+DEFAULT_TURNS = "4"
+DEFAULT_THINK_TIME = "0"
+DEFAULT_SUFFIX_TOKENS = "64"
+DEFAULT_SYSTEM_PROMPT_TOKENS = "2000"
+DEFAULT_SHARED_SYSTEM_PROMPTS = 4  # shared-prefix; multi-turn has none unless asked
 ENDPOINT_PATHS = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
 
 
@@ -36,6 +48,17 @@ class StagePlan:
     concurrency: int
     requests: int
     duration_s: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class PrefixPlan:
+    """The flags of the workloads with shared prefixes (multi-turn, shared-prefix)."""
+
+    turns: LengthRange  # generated conversations
+    think_s: SecondsRange
+    suffix_tokens: LengthRange  # each new user message
+    system_prompts: SystemPromptSpec | None
+    dataset_replies: bool
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,6 +84,8 @@ class BenchConfig:
     progress: bool | None  # None: when stderr is a terminal
     token_times: bool
     uvloop: bool
+    workload: str  # one of WORKLOADS
+    prefix: PrefixPlan | None  # None for the single workload
 
     @property
     def sweep(self) -> bool:
@@ -139,20 +164,89 @@ def _extra(text: str | None) -> dict[str, Any]:
     return extra
 
 
+def _lengths(flag: str, text: str, least: int = 0) -> LengthRange:
+    try:
+        lengths = LengthRange.parse(text)
+    except ValueError as exc:
+        raise ValueError(f"{flag}: {exc}") from None
+    if lengths.low < least:
+        raise ValueError(f"{flag} must be at least {least}, got {text!r}")
+    return lengths
+
+
+# The flags that only the workloads with shared prefixes read (their argparse default is
+# None, so a flag given where it means nothing is refused rather than ignored).
+_CONVERSATION_FLAGS = ("turns", "think_time", "dataset_replies")
+_PREFIX_FLAGS = ("suffix_tokens", "system_prompts", "system_prompt_tokens", "system_prompt_zipf")
+
+
+def _refuse(args: argparse.Namespace, names: tuple[str, ...], why: str) -> None:
+    for name in names:
+        value = getattr(args, name)
+        if value is not None and value is not False:
+            raise ValueError(f"--{name.replace('_', '-')} {why}")
+
+
+def _or(value: str | None, default: str) -> str:
+    return default if value is None else value
+
+
+def _system_prompts(args: argparse.Namespace, default_count: int) -> SystemPromptSpec | None:
+    count = default_count if args.system_prompts is None else args.system_prompts
+    if count < 0:
+        raise ValueError(f"--system-prompts must be at least 0, got {count}")
+    if count == 0:
+        _refuse(args, ("system_prompt_tokens", "system_prompt_zipf"), "needs --system-prompts")
+        return None
+    _positive("--system-prompt-zipf", args.system_prompt_zipf)
+    tokens = _lengths(
+        "--system-prompt-tokens", _or(args.system_prompt_tokens, DEFAULT_SYSTEM_PROMPT_TOKENS), 1
+    )
+    return SystemPromptSpec(count, tokens, args.system_prompt_zipf)
+
+
+def _prefix_plan(args: argparse.Namespace) -> PrefixPlan | None:
+    """The prefix workloads' flags, checked against the workload they are given with."""
+    workload = args.workload
+    if workload == SINGLE:
+        _refuse(args, _CONVERSATION_FLAGS, f"needs --workload {MULTI_TURN}")
+        _refuse(args, _PREFIX_FLAGS, f"needs --workload {MULTI_TURN} or {SHARED_PREFIX}")
+        return None
+    _refuse(args, ("prompt_tokens",), f"is for --workload {SINGLE}; use --suffix-tokens")
+    if workload == SHARED_PREFIX:
+        _refuse(args, ("dataset",), f"is for --workload {SINGLE} or {MULTI_TURN}")
+        _refuse(args, _CONVERSATION_FLAGS, f"is for --workload {MULTI_TURN}")
+        system_prompts = _system_prompts(args, DEFAULT_SHARED_SYSTEM_PROMPTS)
+        if system_prompts is None:
+            raise ValueError(f"--workload {SHARED_PREFIX} needs --system-prompts of at least 1")
+    else:
+        if args.dataset is not None:
+            _refuse(args, ("turns", "suffix_tokens"), "does not apply to --dataset conversations")
+        elif args.dataset_replies:
+            raise ValueError("--dataset-replies needs --dataset")
+        system_prompts = _system_prompts(args, 0)
+    try:
+        think_s = SecondsRange.parse(_or(args.think_time, DEFAULT_THINK_TIME))
+    except ValueError as exc:
+        raise ValueError(f"--think-time: {exc}") from None
+    return PrefixPlan(
+        turns=_lengths("--turns", _or(args.turns, DEFAULT_TURNS), 1),
+        think_s=think_s,
+        suffix_tokens=_lengths("--suffix-tokens", _or(args.suffix_tokens, DEFAULT_SUFFIX_TOKENS)),
+        system_prompts=system_prompts,
+        dataset_replies=args.dataset_replies,
+    )
+
+
 def from_args(args: argparse.Namespace) -> BenchConfig:
     """Check the flags together; raise ValueError with a message naming the flag."""
     stages = _stages(args)
     _positive("--timeout", args.timeout)
     _positive("--slo-ttft", args.slo_ttft)
     _positive("--slo-tpot", args.slo_tpot)
-    try:
-        prompt_tokens = LengthRange.parse(args.prompt_tokens)
-    except ValueError as exc:
-        raise ValueError(f"--prompt-tokens: {exc}") from None
-    try:
-        max_tokens = LengthRange.parse(args.max_tokens)
-    except ValueError as exc:
-        raise ValueError(f"--max-tokens: {exc}") from None
+    prefix = _prefix_plan(args)
+    prompt_tokens = _lengths("--prompt-tokens", _or(args.prompt_tokens, DEFAULT_PROMPT_TOKENS))
+    max_tokens = _lengths("--max-tokens", args.max_tokens)
     warmup = args.warmup
     if warmup is None:
         first = stages[0]
@@ -183,4 +277,6 @@ def from_args(args: argparse.Namespace) -> BenchConfig:
         progress=True if args.progress else None,
         token_times=args.token_times,
         uvloop=not args.no_uvloop,
+        workload=args.workload,
+        prefix=prefix,
     )

@@ -3,7 +3,8 @@
 Times are seconds. `start` counts from the run's origin (the moment the first
 stage began); `ttft`, `last_token` and `latency` count from the moment the
 request was sent. A value that was not observed is NaN, never None, so every
-field stays a plain float.
+field stays a plain float; an integer that was not observed or does not apply is
+-1 (a turn number 0).
 """
 
 from __future__ import annotations
@@ -27,7 +28,9 @@ class Record:
     """What one request did. `error` is None for a success."""
 
     __slots__ = (
+        "cached_tokens",
         "code",
+        "conversation",
         "error",
         "events",
         "index",
@@ -39,9 +42,12 @@ class Record:
         "retry_after",
         "start",
         "status",
+        "system_prompt",
         "target",
         "tokens",
         "ttft",
+        "turn",
+        "usage_prompt_tokens",
     )
 
     def __init__(self, index: int, target: int, prompt_tokens: int, max_tokens: int) -> None:
@@ -62,6 +68,16 @@ class Record:
         self.tokens = 0  # output tokens
         self.events = 0  # streamed data events, [DONE] excluded
         self.marks: array[float] | None = None  # (seconds after send, tokens) pairs
+        # What the server's usage said: prompt tokens, and how many of them it had
+        # cached (`prompt_tokens_details.cached_tokens`; vLLM reports it only with
+        # --enable-prompt-tokens-details); -1 when not reported.
+        self.usage_prompt_tokens = -1
+        self.cached_tokens = -1
+        # Prefix workloads: the conversation's number and the turn's (1 = its first),
+        # and which shared system prompt the request starts with.
+        self.conversation = -1
+        self.turn = 0
+        self.system_prompt = -1
 
     @property
     def ok(self) -> bool:

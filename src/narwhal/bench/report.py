@@ -3,7 +3,10 @@
 JSON values that were not observed (a TTFT of a failed request, a percentile of
 nothing) are `null`. Times are seconds in JSON and milliseconds in the table.
 The admission figures (`stats.AdmissionSummary`) are always in the JSON, but in
-the table only for stages that saw a 429, so a plain engine's report is as it was.
+the table only for stages that saw a 429, so a plain engine's report is as it was;
+so are the prompt cache figures (in the table where a server reported cached
+tokens). Conversation stages add how their conversations ended, the turns each
+recorded and the TTFT of each turn number.
 """
 
 from __future__ import annotations
@@ -17,24 +20,28 @@ from typing import Any
 import msgspec
 
 from narwhal.bench.admission import outcome
+from narwhal.bench.config import MULTI_TURN, BenchConfig
 from narwhal.bench.record import Record
 from narwhal.bench.runner import StageResult
 from narwhal.bench.session import BenchResult
 from narwhal.bench.stats import (
     AdmissionSummary,
+    ConversationSummary,
     Distribution,
     StageSummary,
     meets_slo,
     record_tpot,
     summarize,
 )
+from narwhal.bench.workload import LengthRange
 
 SCHEMA = "narwhal-bench/1"
+TABLE_TURNS = 10  # turn numbers shown in the table; the JSON has every one
 
 
 def summaries(result: BenchResult) -> list[StageSummary]:
     slo = result.config.slo
-    return [summarize(s.records, s.window_s, s.cpu_s, slo) for s in result.stages]
+    return [summarize(s.records, s.window_s, s.cpu_s, slo, s.conversations) for s in result.stages]
 
 
 # -- table --------------------------------------------------------------------------------
@@ -62,17 +69,44 @@ def _slo_text(result: BenchResult) -> str:
     return " and ".join(parts) if parts else "none set (success only)"
 
 
+def _range(r: LengthRange) -> str:
+    return str(r.low) if r.low == r.high else f"{r.low}:{r.high}"
+
+
+def _prefix_text(c: BenchConfig) -> str:
+    """The prefix workload's shape, for the header."""
+    prefix = c.prefix
+    assert prefix is not None
+    parts: list[str] = [c.workload]
+    if c.workload == MULTI_TURN:
+        if c.dataset is not None:
+            replies = "its own replies" if prefix.dataset_replies else "the replies received"
+            parts.append(f"conversations of {c.dataset} with {replies}")
+        else:
+            parts.append(f"{_range(prefix.turns)} turns of {_range(prefix.suffix_tokens)} tokens")
+        think = prefix.think_s
+        seconds = f"{think.low:g}" if think.low == think.high else f"{think.low:g}:{think.high:g}"
+        parts.append(f"think {seconds} s")
+    else:
+        parts.append(f"suffix {_range(prefix.suffix_tokens)} tokens")
+    system = prefix.system_prompts
+    if system is not None:
+        pick = "uniform" if system.zipf is None else f"Zipf {system.zipf:g}"
+        parts.append(f"{system.count} system prompts of {_range(system.tokens)} tokens ({pick})")
+    return ", ".join(parts)
+
+
 def _header(result: BenchResult) -> list[str]:
     c = result.config
     mode = "stream" if c.stream else "no-stream"
     ids = "token ids" if c.token_ids else "no token ids"
-    if c.dataset is not None:
+    output = f"max {_range(c.max_tokens)} output tokens"
+    if c.prefix is not None:
+        lengths = f"{_prefix_text(c)}, {output}"
+    elif c.dataset is not None:
         lengths = f"dataset {c.dataset}"
     else:
-        p, m = c.prompt_tokens, c.max_tokens
-        prompt = str(p.low) if p.low == p.high else f"{p.low}:{p.high}"
-        output = str(m.low) if m.low == m.high else f"{m.low}:{m.high}"
-        lengths = f"prompt {prompt} tokens, max {output} output tokens"
+        lengths = f"prompt {_range(c.prompt_tokens)} tokens, {output}"
     lines = [
         f"narwhal bench  model {result.model}  {c.endpoint}  {mode}  {ids}",
         f"  {', '.join(c.urls)}",
@@ -95,8 +129,11 @@ def _stage_block(result: BenchResult, stage: StageResult, s: StageSummary) -> li
     lines.append(f"{'window':<14}{s.window_s:.3f} s")
     if stage.plan.rate is not None:
         queued = f", {stage.client_queued} waited for a connection" if stage.client_queued else ""
+        arrivals = "Poisson"
+        if stage.conversations is not None:
+            arrivals = f"as conversations Poisson at {stage.conversation_rate:.3g}/s"
         lines.append(
-            f"{'offered':<14}{stage.plan.rate:g} req/s Poisson (generated "
+            f"{'offered':<14}{stage.plan.rate:g} req/s {arrivals} (generated "
             f"{_num(stage.offered_per_s)} req/s, start lag max {stage.max_lag_s * 1e3:.1f} ms"
             f"{queued})"
         )
@@ -112,6 +149,14 @@ def _stage_block(result: BenchResult, stage: StageResult, s: StageSummary) -> li
         f"{'SLO':<14}{_slo_text(result)}: attainment {_pct(s.attainment)}, "
         f"goodput {_num(s.goodput_per_s)} req/s"
     )
+    if s.conversations is not None:
+        lines.extend(_conversation_lines(s.conversations))
+    cache = s.prompt_cache
+    if cache.responses:
+        lines.append(
+            f"{'prompt cache':<14}{_pct(cache.cached_share)} of prompt tokens cached "
+            f"({cache.cached_tokens} of {cache.prompt_tokens}, {cache.responses} responses)"
+        )
     if s.admission.saw_429:
         lines.extend(_admission_lines(result, s.admission))
     if s.error_counts:
@@ -121,6 +166,24 @@ def _stage_block(result: BenchResult, stage: StageResult, s: StageSummary) -> li
         f"{'client CPU':<14}{_num(s.cpu_per_request_s * 1e3, 3)} ms/request "
         f"({s.cpu_s:.3f} s over the window)"
     )
+    return lines
+
+
+def _conversation_lines(c: ConversationSummary) -> list[str]:
+    ended = [f"{c.completed} completed", f"{c.failed} ended by a failed turn"]
+    if c.unreadable:
+        ended.append(f"{c.unreadable} by a reply it could not read")
+    ended.append(f"{c.cut} cut by the stage's end")
+    t = c.turns
+    lines = [
+        f"{'conversations':<14}{c.started} started: {', '.join(ended)}",
+        f"{'turns':<14}mean {_num(t.mean)} per conversation, max {_num(t.max, 0)}",
+        f"{'TTFT by turn':<14}{'mean':>10}{'p50':>10}{'p90':>10}{'p99':>10}",
+    ]
+    for row in c.ttft_by_turn[:TABLE_TURNS]:
+        lines.append(_dist_row(f"  turn {row.turn}", row.ttft))
+    if len(c.ttft_by_turn) > TABLE_TURNS:
+        lines.append(f"  turns {TABLE_TURNS + 1}-{c.ttft_by_turn[-1].turn}: in the JSON")
     return lines
 
 
@@ -229,7 +292,25 @@ def summary_dict(s: StageSummary) -> dict[str, Any]:
         "admission": asdict(s.admission),
         "client_cpu_s": s.cpu_s,
         "client_cpu_per_request_s": s.cpu_per_request_s,
+        "prompt_cache": {**asdict(s.prompt_cache), "cached_share": s.prompt_cache.cached_share},
+        "conversations": None if s.conversations is None else _conversation_dict(s.conversations),
     }
+
+
+def _conversation_dict(c: ConversationSummary) -> dict[str, Any]:
+    return {
+        "started": c.started,
+        "completed": c.completed,
+        "failed": c.failed,
+        "unreadable": c.unreadable,
+        "cut": c.cut,
+        "turns": asdict(c.turns),
+        "ttft_by_turn_s": [{"turn": row.turn, **asdict(row.ttft)} for row in c.ttft_by_turn],
+    }
+
+
+def _known(value: int) -> int | None:
+    return None if value < 0 else value
 
 
 def record_dict(r: Record, result: BenchResult) -> dict[str, Any]:
@@ -250,6 +331,11 @@ def record_dict(r: Record, result: BenchResult) -> dict[str, Any]:
         "events": r.events,
         "prompt_tokens": r.prompt_tokens,
         "max_tokens": r.max_tokens,
+        "usage_prompt_tokens": _known(r.usage_prompt_tokens),
+        "cached_prompt_tokens": _known(r.cached_tokens),
+        "conversation": _known(r.conversation),
+        "turn": r.turn or None,
+        "system_prompt": _known(r.system_prompt),
         "meets_slo": meets_slo(r, result.config.slo),
     }
     if r.marks is not None:
@@ -276,6 +362,23 @@ def _config_dict(result: BenchResult) -> dict[str, Any]:
         "extra": c.extra,
         "slo_ttft_s": c.slo.ttft_s,
         "slo_tpot_s": c.slo.tpot_s,
+        "workload": c.workload,
+        "prefix": None if c.prefix is None else _prefix_dict(c),
+    }
+
+
+def _prefix_dict(c: BenchConfig) -> dict[str, Any]:
+    prefix = c.prefix
+    assert prefix is not None
+    system = prefix.system_prompts
+    return {
+        "turns": [prefix.turns.low, prefix.turns.high] if c.workload == MULTI_TURN else None,
+        "think_time_s": [prefix.think_s.low, prefix.think_s.high],
+        "suffix_tokens": [prefix.suffix_tokens.low, prefix.suffix_tokens.high],
+        "system_prompts": 0 if system is None else system.count,
+        "system_prompt_tokens": None if system is None else [system.tokens.low, system.tokens.high],
+        "system_prompt_zipf": None if system is None else system.zipf,
+        "dataset_replies": prefix.dataset_replies,
     }
 
 
@@ -298,6 +401,7 @@ def document(result: BenchResult, sums: list[StageSummary]) -> dict[str, Any]:
                 "started_s": stage.started,
                 "issued": stage.issued,
                 "offered_per_s": stage.offered_per_s,
+                "conversation_rate": stage.conversation_rate,
                 "max_lag_s": stage.max_lag_s,
                 "client_queued": stage.client_queued,
                 "interrupted": stage.interrupted,

@@ -29,7 +29,10 @@ How a read is handled:
   tokens after the first, so no spreading within an event is needed.
 - `usage.completion_tokens` and an error event (`{"error": ...}`) come last,
   right before `[DONE]`, so `close()` looks for them only in the last
-  `_TAIL` bytes of the last two regions that held data events.
+  `_TAIL` bytes of the last two regions that held data events; so do
+  `usage.prompt_tokens` and `prompt_tokens_details.cached_tokens`. A whole
+  (non-streamed) body is searched for the usage from its start: vLLM puts
+  `prompt_token_ids` after `usage`, which for a long prompt is more than `_TAIL`.
 
 A stream is complete when `[DONE]` arrived or, for servers that omit it, when
 the last region holds a finish reason or a usage object.
@@ -49,7 +52,14 @@ _IDS_RE = re.compile(rb'"token_ids": ?\[([^\]]*)\]')
 # is an object, which the pattern does not take: it is not counted.
 _OUTPUT_KEYS = b"|".join(key.encode() for key in ("text", *DELTA_OUTPUT))
 _TEXT_RE = re.compile(rb'"(' + _OUTPUT_KEYS + rb')": ?(?:"(?!")|\[\{)')
-_USAGE_RE = re.compile(rb'"completion_tokens"\s*:\s*(\d+)')
+# Usage counts: each key, and the pattern that reads the number after it.
+_COMPLETION_TOKENS = b'"completion_tokens"'
+_PROMPT_TOKENS = b'"prompt_tokens"'
+_CACHED_TOKENS = b'"cached_tokens"'
+_NUMBER_AFTER = {
+    key: re.compile(re.escape(key) + rb"\s*:\s*(\d+)")
+    for key in (_COMPLETION_TOKENS, _PROMPT_TOKENS, _CACHED_TOKENS)
+}
 _FINISH_RE = re.compile(rb'"finish_reason"\s*:\s*"')
 _USAGE_OBJ_RE = re.compile(rb'"usage"\s*:\s*\{')
 
@@ -93,6 +103,7 @@ class StreamScanner:
         "_last",
         "_pending",
         "_prev",
+        "cached_tokens",
         "done",
         "error_event",
         "error_text",
@@ -101,6 +112,7 @@ class StreamScanner:
         "ids",
         "last_output",
         "marks",
+        "prompt_tokens",
         "text_events",
         "usage_tokens",
     )
@@ -115,6 +127,8 @@ class StreamScanner:
         self.ids = -1  # token ids counted; -1 until an event carries a token_ids array
         self.text_events = 0  # output-carrying events in regions without ids
         self.usage_tokens = -1  # usage.completion_tokens (known after close), -1 if none
+        self.prompt_tokens = -1  # usage.prompt_tokens, likewise
+        self.cached_tokens = -1  # usage.prompt_tokens_details.cached_tokens, likewise
         self.first_output = -1.0
         self.last_output = -1.0
         self.done = False
@@ -168,7 +182,7 @@ class StreamScanner:
         self.done = True
         self._last = body
         self._output(body, now)
-        self._ending(body)
+        self._ending(body, usage_from=0)
 
     @property
     def complete(self) -> bool:
@@ -214,15 +228,29 @@ class StreamScanner:
                 self.marks.append(now)
                 self.marks.append(k)
 
-    def _ending(self, region: bytes) -> None:
-        """Usage and error events, which come last: call for the final regions in order."""
+    def _ending(self, region: bytes, usage_from: int | None = None) -> None:
+        """Usage and error events, which come last: call for the final regions in order.
+
+        The usage is looked for from `usage_from` (default: the region's last `_TAIL`
+        bytes), the error event in the tail only."""
         tail = max(0, len(region) - _TAIL)
-        pos = region.rfind(b'"completion_tokens"', tail)
-        if pos >= 0:
-            usage = _USAGE_RE.match(region, pos)
-            if usage is not None:
-                self.usage_tokens = int(usage.group(1))
+        start = tail if usage_from is None else usage_from
+        self.usage_tokens = _last_number(region, _COMPLETION_TOKENS, start, self.usage_tokens)
+        self.prompt_tokens = _last_number(region, _PROMPT_TOKENS, start, self.prompt_tokens)
+        self.cached_tokens = _last_number(region, _CACHED_TOKENS, start, self.cached_tokens)
         pos = region.find(b'{"error"', tail)
         if pos >= 0 and not self.error_event:
             self.error_event = True
             self.error_text = region[pos : pos + 300]
+
+
+def _last_number(region: bytes, key: bytes, start: int, default: int) -> int:
+    """N of the last `key: N` in `region[start:]`, else `default`.
+
+    The key is found with `rfind` and only then matched, which is C-speed over a long
+    region. A key inside generated text cannot match: its quotes arrive escaped."""
+    pos = region.rfind(key, start)
+    if pos < 0:
+        return default
+    found = _NUMBER_AFTER[key].match(region, pos)
+    return int(found.group(1)) if found is not None else default

@@ -16,11 +16,21 @@ from dataclasses import dataclass, field
 
 import aiohttp
 
+from narwhal.bench.body import RequestShape
 from narwhal.bench.client import discover_model
-from narwhal.bench.config import BenchConfig
+from narwhal.bench.config import SHARED_PREFIX, SINGLE, BenchConfig
+from narwhal.bench.conversation import Conversations, ConversationSpec
 from narwhal.bench.progress import Counters, show
 from narwhal.bench.runner import Runner, StageResult
-from narwhal.bench.workload import DatasetItem, Workload, WorkloadSpec
+from narwhal.bench.shared_prefix import SharedPrefixWorkload, SystemPrompts
+from narwhal.bench.transcripts import Transcript
+from narwhal.bench.workload import (
+    DatasetItem,
+    PromptText,
+    RequestSource,
+    Workload,
+    WorkloadSpec,
+)
 
 
 @dataclass(slots=True)
@@ -54,14 +64,15 @@ def _show_progress(config: BenchConfig) -> bool:
     return sys.stderr.isatty()
 
 
-async def run_bench(config: BenchConfig, dataset: list[DatasetItem] | None) -> BenchResult:
-    """Run every stage; raises `SetupError` when no model can be found."""
-    loop = asyncio.get_running_loop()
-    async with _session(config) as session:
-        model = config.model or await discover_model(
-            session, config.urls[0], min(10.0, config.timeout_s)
-        )
-        workload = Workload(
+def make_workload(
+    config: BenchConfig,
+    model: str,
+    dataset: list[DatasetItem] | None = None,
+    transcripts: list[Transcript] | None = None,
+) -> RequestSource | Conversations:
+    """The run's requests or conversations, as the flags ask (the same for the same flags)."""
+    if config.workload == SINGLE:
+        return Workload(
             WorkloadSpec(
                 endpoint=config.endpoint,
                 model=model,
@@ -75,6 +86,45 @@ async def run_bench(config: BenchConfig, dataset: list[DatasetItem] | None) -> B
                 dataset=dataset,
             )
         )
+    prefix = config.prefix
+    assert prefix is not None
+    shape = RequestShape(
+        config.endpoint, model, config.stream, config.token_ids, config.ignore_eos, config.extra
+    )
+    system = prefix.system_prompts
+    longest = max(prefix.suffix_tokens.high, system.tokens.high if system is not None else 0)
+    text = PromptText(config.seed, longest)
+    prompts = SystemPrompts(system, config.seed, text) if system is not None else None
+    if config.workload == SHARED_PREFIX:
+        assert prompts is not None
+        return SharedPrefixWorkload(
+            shape, prompts, text, prefix.suffix_tokens, config.max_tokens, config.seed
+        )
+    spec = ConversationSpec(
+        turns=prefix.turns,
+        suffix_tokens=prefix.suffix_tokens,
+        max_tokens=config.max_tokens,
+        think_s=prefix.think_s,
+        seed=config.seed,
+        dataset_replies=prefix.dataset_replies,
+    )
+    if transcripts is not None:
+        return Conversations(spec, shape, prompts=prompts, transcripts=transcripts)
+    return Conversations(spec, shape, prompts=prompts, text=text)
+
+
+async def run_bench(
+    config: BenchConfig,
+    dataset: list[DatasetItem] | None = None,
+    transcripts: list[Transcript] | None = None,
+) -> BenchResult:
+    """Run every stage; raises `SetupError` when no model can be found."""
+    loop = asyncio.get_running_loop()
+    async with _session(config) as session:
+        model = config.model or await discover_model(
+            session, config.urls[0], min(10.0, config.timeout_s)
+        )
+        workload = make_workload(config, model, dataset, transcripts)
         counters = Counters()
         runner = Runner(
             session,

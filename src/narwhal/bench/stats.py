@@ -25,6 +25,14 @@ admitted request that failed is a miss. Successful requests are all admitted,
 so the stage's TTFT distribution is that of the admitted successes. Refusal
 latency is over refused requests, send to the whole 429; Retry-After over the
 `ttft_budget_exceeded` refusals that carried one.
+
+Conversations: turns per conversation counts the turns recorded for each
+conversation that recorded any; TTFT by turn is over the successful requests of
+each turn number (turn 1 is a conversation's first request, with no history to
+reuse). How conversations ended comes from the runner (`ConversationCounts`).
+
+Prompt cache: where the server's usage reported `cached_tokens`, the share of
+those responses' prompt tokens that were cached (NaN when none reported it).
 """
 
 from __future__ import annotations
@@ -35,6 +43,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from narwhal.bench.admission import ADMITTED, REFUSAL_CODES, REFUSED, TTFT_BUDGET, outcome
+from narwhal.bench.conversation import ConversationCounts
 from narwhal.bench.record import Record, error_key
 
 NAN = math.nan
@@ -172,6 +181,64 @@ def admission_summary(records: Sequence[Record], slo: Slo) -> AdmissionSummary:
 
 
 @dataclass(frozen=True, slots=True)
+class TurnTtft:
+    turn: int  # 1 = a conversation's first request
+    ttft: Distribution
+
+
+@dataclass(frozen=True, slots=True)
+class ConversationSummary:
+    started: int
+    completed: int
+    failed: int  # ended by a failed turn
+    unreadable: int  # ended by a reply whose text could not be read
+    cut: int  # ended by the stage's end or an interrupt
+    turns: Distribution  # turns recorded per conversation
+    ttft_by_turn: tuple[TurnTtft, ...]  # successful turns, by turn number
+
+
+def conversation_summary(
+    records: Sequence[Record], counts: ConversationCounts
+) -> ConversationSummary:
+    turns: Counter[int] = Counter(r.conversation for r in records if r.conversation >= 0)
+    by_turn: dict[int, list[float]] = {}
+    for r in records:
+        if r.turn > 0 and r.error is None:
+            by_turn.setdefault(r.turn, []).append(r.ttft)
+    return ConversationSummary(
+        started=counts.started,
+        completed=counts.completed,
+        failed=counts.failed,
+        unreadable=counts.unreadable,
+        cut=counts.cut,
+        turns=distribution(float(n) for n in turns.values()),
+        ttft_by_turn=tuple(TurnTtft(k, distribution(by_turn[k])) for k in sorted(by_turn)),
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class PromptCache:
+    responses: int  # successful responses whose usage reported cached_tokens
+    prompt_tokens: int  # their prompt tokens, as the server counted them
+    cached_tokens: int
+
+    @property
+    def cached_share(self) -> float:
+        return self.cached_tokens / self.prompt_tokens if self.prompt_tokens > 0 else NAN
+
+
+def prompt_cache(records: Iterable[Record]) -> PromptCache:
+    reported = [
+        r for r in records if r.error is None and r.cached_tokens >= 0 and r.usage_prompt_tokens > 0
+    ]
+    return PromptCache(
+        responses=len(reported),
+        prompt_tokens=sum(r.usage_prompt_tokens for r in reported),
+        cached_tokens=sum(r.cached_tokens for r in reported),
+    )
+
+
+@dataclass(frozen=True, slots=True)
 class StageSummary:
     requests: int
     ok: int
@@ -190,13 +257,21 @@ class StageSummary:
     admission: AdmissionSummary
     cpu_s: float
     cpu_per_request_s: float
+    prompt_cache: PromptCache
+    conversations: ConversationSummary | None = None
 
 
 def _rate(count: float, window_s: float) -> float:
     return count / window_s if window_s > 0 else NAN
 
 
-def summarize(records: Sequence[Record], window_s: float, cpu_s: float, slo: Slo) -> StageSummary:
+def summarize(
+    records: Sequence[Record],
+    window_s: float,
+    cpu_s: float,
+    slo: Slo,
+    conversations: ConversationCounts | None = None,
+) -> StageSummary:
     """Everything the report shows for one stage."""
     ok = [r for r in records if r.error is None]
     tokens = sum(r.tokens for r in ok)
@@ -218,4 +293,8 @@ def summarize(records: Sequence[Record], window_s: float, cpu_s: float, slo: Slo
         admission=admission_summary(records, slo),
         cpu_s=cpu_s,
         cpu_per_request_s=cpu_s / len(records) if records else NAN,
+        prompt_cache=prompt_cache(records),
+        conversations=None
+        if conversations is None
+        else conversation_summary(records, conversations),
     )

@@ -1,4 +1,8 @@
-"""What each request asks for: prompt, output length and the encoded body.
+"""What each request asks for (`--workload single`): prompt, output length, encoded body.
+
+The workloads with shared prefixes live in `shared_prefix` (a few long system
+prompts, short suffixes) and `conversation` (multi-turn); this module also holds
+what they share: lengths, the prompt text and the JSONL reader.
 
 Everything is deterministic from `--seed` and the request's position in the
 run (warm-up requests take the first positions), so two runs with the same
@@ -16,13 +20,14 @@ from __future__ import annotations
 import bisect
 import random
 from array import array
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import msgspec
 
-CHARS_PER_TOKEN = 4
+from narwhal.bench.body import CHARS_PER_TOKEN, RequestShape, message_texts
 
 _WORD_TEXT = (
     "the of and to in is it you that he was for on are with as his they be at one have "
@@ -69,6 +74,13 @@ class RequestSpec:
     body: bytes
     prompt_tokens: int
     max_tokens: int
+    system_prompt: int = -1  # which shared system prompt it starts with; -1 for none
+
+
+class RequestSource(Protocol):
+    """Independent requests, in order (`Workload`, `SharedPrefixWorkload`)."""
+
+    def next(self) -> RequestSpec: ...
 
 
 class PromptText:
@@ -90,11 +102,17 @@ class PromptText:
         # Any start in the first half leaves room for the longest prompt.
         self._choices = max(1, len(starts) // 2)
 
-    def take(self, key: int, tokens: int) -> str:
-        """About `tokens` tokens of text, numbered and placed by `key`."""
+    def take(self, key: int, tokens: int, label: str | None = None) -> str:
+        """About `tokens` tokens of text placed by `key`, starting with `label` (default
+        `key` and a colon).
+
+        Distinct labels that end with the colon and hold none before it make texts that
+        differ within their first characters (neither label is a prefix of the other),
+        so no two of them share a prefix block in an engine's cache.
+        """
         if tokens <= 0:
             return ""
-        head = f"{key}:"
+        head = f"{key}:" if label is None else label
         chars = max(0, tokens * CHARS_PER_TOKEN - len(head) - 1)
         first = (key * 0x9E3779B1) % self._choices
         begin = self._starts[first]
@@ -115,29 +133,15 @@ class DatasetItem:
     def text_length(self) -> int:
         if self.prompt is not None:
             return len(self.prompt)
-        return sum(len(c) for c in _message_texts(self.messages or []))
+        return sum(len(c) for c in message_texts(self.messages or []))
 
 
 class DatasetError(ValueError):
     pass
 
 
-def _message_texts(messages: list[Any]) -> list[str]:
-    texts: list[str] = []
-    for message in messages:
-        content = message.get("content") if isinstance(message, dict) else None
-        if isinstance(content, str):
-            texts.append(content)
-        elif isinstance(content, list):
-            texts.extend(
-                p["text"] for p in content if isinstance(p, dict) and isinstance(p.get("text"), str)
-            )
-    return texts
-
-
-def load_dataset(path: Path) -> list[DatasetItem]:
-    """Parse a JSONL file of {"prompt": str | "messages": [...], "max_tokens": int, ...}."""
-    items: list[DatasetItem] = []
+def read_jsonl(path: Path) -> Iterator[tuple[str, dict[str, Any]]]:
+    """Each non-blank line's object with where it is (`FILE:LINE`), for error messages."""
     try:
         lines = path.read_bytes().splitlines()
     except OSError as exc:
@@ -152,6 +156,17 @@ def load_dataset(path: Path) -> list[DatasetItem]:
             raise DatasetError(f"{where}: {exc}") from None
         if not isinstance(obj, dict):
             raise DatasetError(f"{where}: expected a JSON object")
+        yield where, obj
+
+
+def load_dataset(path: Path) -> list[DatasetItem]:
+    """Parse a JSONL file of {"prompt": str | "messages": [...], "max_tokens": int, ...}."""
+    items: list[DatasetItem] = []
+    for where, obj in read_jsonl(path):
+        if "conversations" in obj:
+            raise DatasetError(
+                f"{where}: a ShareGPT conversation; replay it with --workload multi-turn"
+            )
         prompt = obj.pop("prompt", None)
         messages = obj.pop("messages", None)
         max_tokens = obj.pop("max_tokens", None)
@@ -186,6 +201,12 @@ class WorkloadSpec:
     seed: int
     dataset: list[DatasetItem] | None = None
 
+    @property
+    def shape(self) -> RequestShape:
+        return RequestShape(
+            self.endpoint, self.model, self.stream, self.token_ids, self.ignore_eos, self.extra
+        )
+
 
 class Workload:
     """Yields the run's requests in order; `next()` is cheap enough for the hot path."""
@@ -195,14 +216,7 @@ class Workload:
         self._chat = spec.endpoint == "chat"
         self._rng = random.Random(spec.seed)
         self._count = 0
-        base: dict[str, Any] = {"model": spec.model, "stream": spec.stream}
-        if spec.stream:
-            base["stream_options"] = {"include_usage": True}
-        if spec.token_ids:
-            base["return_token_ids"] = True
-        if spec.ignore_eos:
-            base["ignore_eos"] = True
-        self._base = base
+        self._base = spec.shape.base()
         self._dataset = spec.dataset
         self._text: PromptText | None = None
         if spec.dataset is not None:
@@ -238,4 +252,4 @@ class Workload:
                 messages if messages is not None else [{"role": "user", "content": prompt}]
             )
         else:
-            body["prompt"] = prompt if prompt is not None else "\n".join(_message_texts(messages))
+            body["prompt"] = prompt if prompt is not None else "\n".join(message_texts(messages))
