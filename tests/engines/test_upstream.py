@@ -10,9 +10,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import re
+import select
 import socket
 import struct
 from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import cast
 
 import pytest
 import uvloop
@@ -599,6 +601,115 @@ async def test_pool_close_closes_idle_and_busy_connections(
     with pytest.raises(UpstreamConnectionError, match="pool is closed"):
         await post(pool, server.url)
     busy.release()
+
+
+# -- Bytes after a response -----------------------------------------------------------
+#
+# Whatever a server sends after a response ends (a whole fake response, garbage) must never
+# be read as the answer to the next request on that connection: the pool closes it instead.
+
+STALE = {
+    "a fake response": b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nstale",
+    "garbage": b"garbage\r\n",
+}
+
+
+class Numbered:
+    """A keep-alive handler answering each request with `<connection>/<request>` (1/1
+    first); `after_first` goes out in the same write as the first answer. Each
+    connection's writer is kept, for a test to write stale bytes on it later."""
+
+    def __init__(self, after_first: bytes = b"") -> None:
+        self.after_first = after_first
+        self.writers: list[Writer] = []
+
+    async def __call__(self, server: Server, reader: asyncio.StreamReader, writer: Writer) -> None:
+        self.writers.append(writer)
+        connection = server.connections
+        count = 0
+        while await server.read_request(reader):
+            count += 1
+            body = b"%d/%d" % (connection, count)
+            extra = self.after_first if (connection, count) == (1, 1) else b""
+            writer.write(response(body) + extra)
+        server.eofs += 1
+        server.eof.set()
+
+
+def client_socket(pool: UpstreamPool) -> socket.socket:
+    """The socket of the pool's only idle connection."""
+    ((connection,),) = (idle for idle in pool._idle.values() if idle)
+    transport = connection._transport
+    assert transport is not None
+    return cast(socket.socket, transport.get_extra_info("socket"))
+
+
+async def first_then_second(server: Server, pool: UpstreamPool) -> None:
+    """Request 2 is answered on a new connection, by the server, not by stale bytes."""
+    resp = await post(pool, server.url)
+    assert await read_all(resp) == b"2/1"
+    resp.release()
+    assert server.connections == 2
+    assert [r.split(b" ")[1] for r in server.requests] == [b"/v1/completions"] * 2
+
+
+@pytest.mark.parametrize("extra", STALE.values(), ids=STALE.keys())
+async def test_bytes_read_with_the_end_of_a_response(
+    serve: Start, pool: UpstreamPool, extra: bytes
+) -> None:
+    """They came in the same write, so in the read that completes response 1."""
+    handler = Numbered(after_first=extra)
+    server = await serve(handler)
+    resp = await post(pool, server.url)
+    assert await read_all(resp) == b"1/1"
+    resp.release()
+    assert idle_connections(pool) == 0  # the parser saw them: not kept
+    await asyncio.wait_for(server.eof.wait(), 2)  # but closed
+    await first_then_second(server, pool)
+
+
+@pytest.mark.parametrize("extra", STALE.values(), ids=STALE.keys())
+async def test_bytes_arriving_on_an_idle_connection(
+    serve: Start, pool: UpstreamPool, extra: bytes
+) -> None:
+    """They come a little later, while the connection sits in the pool."""
+    handler = Numbered()
+    server = await serve(handler)
+    resp = await post(pool, server.url)
+    assert await read_all(resp) == b"1/1"
+    resp.release()
+    assert idle_connections(pool) == 1
+    handler.writers[0].write(extra)
+    await asyncio.wait_for(server.eof.wait(), 2)  # the pool closed it on their arrival
+    assert idle_connections(pool) == 0
+    await first_then_second(server, pool)
+
+
+@pytest.mark.parametrize("extra", [*STALE.values(), None], ids=[*STALE.keys(), "a close"])
+async def test_bytes_not_yet_read_when_the_idle_connection_is_taken(
+    serve: Start, pool: UpstreamPool, extra: bytes | None
+) -> None:
+    """The race: the bytes (or the server's FIN) are in the client's socket, but the loop
+    has not run since, so the pool has not read them when request 2 takes the connection.
+    Its next read would hand them to request 2 as its response."""
+    handler = Numbered()
+    server = await serve(handler)
+    resp = await post(pool, server.url)
+    assert await read_all(resp) == b"1/1"
+    resp.release()
+    sock = client_socket(pool)
+    writer = handler.writers[0]
+    if extra is None:
+        # The FIN of a server closing an idle connection, sent at once (`close()` would
+        # wait for the loop).
+        writer.get_extra_info("socket").shutdown(socket.SHUT_WR)
+    else:
+        writer.write(extra)  # sent at once: nothing else waits in the server's buffer
+    # Wait for them in the client's socket without yielding to the loop: a blocking wait,
+    # bounded, and short on loopback.
+    readable, _, _ = select.select([sock.fileno()], [], [], 5)
+    assert readable
+    await first_then_second(server, pool)
 
 
 # -- Connecting ----------------------------------------------------------------------------

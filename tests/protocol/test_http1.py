@@ -220,7 +220,12 @@ def test_identical_repeated_content_lengths_are_one() -> None:
 
 
 @pytest.mark.parametrize(
-    "value", [b"abc", b"-1", b"+5", b"0x10", b"1_0", b"", b"5 5", b"\xb2", b"9" * 19]
+    "value",
+    [
+        *(b"abc", b"-1", b"+5", b"0x10", b"1_0", b"", b"5 5", b"\xb2", b"9" * 19),
+        # Whitespace, but not OWS (SP, HTAB): NBSP, NEL, a separator, VT, FF.
+        *(b"5\xa0", b"\x855", b"5\x1c", b"5\x0b", b"\x0c5"),
+    ],
 )
 def test_invalid_content_length(value: bytes) -> None:
     message = b"HTTP/1.1 200 OK\r\nContent-Length: " + value + b"\r\n\r\n"
@@ -232,7 +237,10 @@ def test_conflicting_content_lengths() -> None:
     assert "conflicting Content-Length" in refused(message)
 
 
-@pytest.mark.parametrize("coding", [b"gzip", b"gzip, chunked", b"chunked, chunked", b"identity"])
+@pytest.mark.parametrize(
+    "coding",
+    [b"gzip", b"gzip, chunked", b"chunked, chunked", b"identity", b"chunked\xa0", b"\x85chunked"],
+)
 def test_only_the_chunked_transfer_coding(coding: bytes) -> None:
     message = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: " + coding + b"\r\n\r\n"
     assert "unsupported Transfer-Encoding" in refused(message)
@@ -268,6 +276,25 @@ def test_an_overlong_chunk_size_line() -> None:
     head = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
     assert "chunk-size line longer" in refused(head + b"1;" + b"x" * 9000)
     assert "chunk-size line longer" in refused(head, b"1;", *[b"x" * 100] * 90)
+
+
+@pytest.mark.parametrize(("length", "too_long"), [(8192, False), (8193, True)])
+def test_the_line_limit_does_not_depend_on_the_reads(length: int, too_long: bool) -> None:
+    """A chunk-size or trailer line of `length` bytes (CRLF not counted), whole, cut
+    between its CR and LF, and byte by byte: the same verdict. (A line of 8192 used to be
+    refused when its bytes and the CR waited for the LF, and a longer one accepted when it
+    arrived whole.)"""
+    head = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+    size_line = b"1;" + b"x" * (length - 2) + b"\r\n"
+    trailer = b"X: " + b"y" * (length - 3) + b"\r\n"
+    for before, body in ((b"", size_line + b"a\r\n0\r\n\r\n"), (b"0\r\n", trailer + b"\r\n")):
+        message = head + before + body
+        cut = len(head) + len(before) + length + 1
+        for pieces in ([message], [message[:cut], message[cut:]], byte_by_byte(message)):
+            if too_long:
+                assert "longer than 8192 bytes" in refused(*pieces, max_head=1 << 20)
+            else:
+                assert parse(*pieces, max_head=1 << 20).body_done
 
 
 def test_trailers_are_checked_and_bounded() -> None:

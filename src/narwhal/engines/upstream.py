@@ -15,7 +15,8 @@ A connection's life, per (scheme, host, port):
     busy ──> idle (LIFO)   on release(), if the body is complete and keep-alive holds
     busy ──> closed        on close(), on release() otherwise, on any error
     idle ──> busy          taken by the next request
-    idle ──> closed        after `idle_timeout`, or at once when the server closes it
+    idle ──> closed        after `idle_timeout`, or at once when the server closes it or
+                           sends anything
 
 Every failure is an `UpstreamConnectionError` (an OSError) whose message names the
 engine's address and what happened: refused, timed out, closed before the response head,
@@ -28,6 +29,13 @@ server closed without answering, which for an idle connection means it never too
 request (RFC 9112 §9.3.1 lets a client retry then); engine requests have no side effect
 but compute either way. Never after a response byte, never from a new connection.
 
+Stale bytes: bytes a server sends after a response ends are never read as the next
+response. If they came before the release, the parser saw them (`keep_alive` is False) and
+the connection is closed; if they come while it is idle, it is closed on their arrival;
+and since they may have reached the socket without the loop having run since, a
+connection taken from the pool is first polled (one `poll` system call) and closed if
+anything, bytes or a close, is waiting on it.
+
 Timeouts: only connecting has one here; the caller bounds the wait for the head and the
 gaps between chunks (`asyncio.timeout`). Cancelling `request()` or a waiting
 `read_chunk()` is safe: the first closes the connection, the second leaves the response
@@ -39,6 +47,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import re
+import select
 import socket
 import ssl
 import urllib.parse
@@ -186,8 +195,14 @@ class UpstreamPool:
         while idle:
             connection = idle.pop()  # the most recent: the least likely to be stale
             connection.leave_idle()
-            if not connection.closed and connection.error is None:  # (aborted: closing)
-                return connection
+            if connection.closed or connection.error is not None:  # (aborted: closing)
+                continue
+            if connection.has_unread_input():
+                # Bytes or a close the loop has not delivered yet: the server's, from
+                # before this request was sent, so not its answer (see the module doc).
+                connection.abort("bytes or a close arrived on the idle connection")
+                continue
+            return connection
         return None
 
     def _put_back(self, connection: _Connection) -> None:
@@ -361,6 +376,14 @@ class _Connection(asyncio.Protocol):
         if self._transport is not None and not self.closed:
             self._transport.close()
 
+    def has_unread_input(self) -> bool:
+        """Whether the socket holds bytes, an EOF or an error that the loop has not
+        delivered to `data_received` or `connection_lost` yet."""
+        sock = self._transport.get_extra_info("socket") if self._transport else None
+        if sock is None:
+            return False
+        return _readable(sock.fileno())
+
     def enter_idle(self, timer: asyncio.TimerHandle) -> None:
         self.idle = True
         self.reused = True
@@ -498,6 +521,16 @@ class UpstreamResponse:
         if connection is not None:
             self._connection = None
             connection.abort("the response was closed")
+
+
+def _readable(fd: int) -> bool:
+    """A zero-timeout poll of one socket: readable, at EOF, or in error."""
+    if not hasattr(select, "poll"):  # Windows
+        readable, _, failed = select.select([fd], [], [fd], 0)
+        return bool(readable or failed)
+    poller = select.poll()  # (not `select.select`: it refuses descriptors past 1023)
+    poller.register(fd, select.POLLIN)
+    return bool(poller.poll(0))
 
 
 def _parse_origin(url_base: str) -> _Origin:

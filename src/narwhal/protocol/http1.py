@@ -15,10 +15,17 @@ RFC 9112:
 - the body length (§6.3): none for 204 and 304; `Transfer-Encoding: chunked` wins over
   `Content-Length`, but a message with both is suspect, so its connection is not
   reused; no other transfer coding is accepted, since Narwhal never sends `TE` and could
-  not decode one (§7.4); a `Content-Length` must be digits, and repeated values must
-  agree (§6.3 item 5); with neither header the body runs until the server closes;
+  not decode one (§7.4); a `Content-Length` must be digits (18 at most, leading zeros
+  included), and repeated values must agree (§6.3 item 5); in both headers only SP and
+  HTAB around a list element are whitespace (RFC 9110 §5.6.1); with neither header the
+  body runs until the server closes;
 - chunk-size lines are hex, optionally followed by extensions (`1a;foo=bar`), which are
-  ignored (§7.1.1); trailers after the last chunk are checked and dropped (§7.1.2).
+  ignored (§7.1.1); trailers after the last chunk are checked and dropped (§7.1.2); a
+  chunk-size or trailer line is at most 8 KiB, and the trailers at most `max_head`.
+
+Where this parser and h11 differ (the stricter rules above, and where h11 is stricter
+than the RFC), `tests/protocol/http1_differential.py` lists each divergence with its
+reason, and a differential fuzz test holds the parser to that list.
 
 Persistence (§9.3): HTTP/1.1 keeps the connection unless `Connection: close`; HTTP/1.0
 only with `Connection: keep-alive`. A read-until-close body, a message with both
@@ -65,8 +72,11 @@ _TOKEN: Final = re.compile(rb"[-!#$%&'*+.^_`|~0-9A-Za-z]+")
 # NUL in the value.
 _HEADER_LINE: Final = re.compile(rb"(([-!#$%&'*+.^_`|~0-9A-Za-z]+):[ \t]*([^\r\n\x00]*)\r\n)")
 _MAX_LENGTH_DIGITS: Final = 18  # past int64; also keeps `int()` off its digit limit
-# A chunk-size line (with its extensions) or one trailer line may not be longer; like
-# aiohttp's 8190-byte line limit, this bounds what one unfinished line can hold.
+# A chunk-size line (with its extensions) or one trailer line may not be longer, CRLF not
+# counted; like aiohttp's 8190-byte line limit, this bounds what one unfinished line can
+# hold. The same line is refused whether it arrives whole or in pieces: an unfinished one
+# only once it cannot fit (one byte more may be the CR of its CRLF), a whole one when its
+# end is found.
 _MAX_LINE: Final = 8192
 # Chunk sizes as servers write them (lower-case hex, no leading zeros: uvicorn, aiohttp,
 # Go), looked up instead of validated and converted: a third of the per-chunk cost. Other
@@ -379,7 +389,7 @@ class ResponseParser:
             if state == _CHUNK_SIZE:
                 eol = find(_CRLF, scan)
                 if eol < 0:
-                    if n - pos > _MAX_LINE:
+                    if n - pos > _MAX_LINE + 1:
                         raise HTTPProtocolError(f"chunk-size line longer than {_MAX_LINE} bytes")
                     scan = n - 1  # the last byte may be the CR of the line end
                     break
@@ -436,10 +446,12 @@ class ResponseParser:
             else:  # _TRAILERS
                 eol = find(_CRLF, scan)
                 if eol < 0:
-                    if n - pos > _MAX_LINE:
+                    if n - pos > _MAX_LINE + 1:
                         raise HTTPProtocolError(f"trailer line longer than {_MAX_LINE} bytes")
                     scan = n - 1
                     break
+                if eol - pos > _MAX_LINE:
+                    raise HTTPProtocolError(f"trailer line longer than {_MAX_LINE} bytes")
                 if eol == pos:
                     pos += 2
                     state = _DONE
@@ -462,7 +474,10 @@ def _framing(status: int, headers: dict[str, str]) -> int:
         return _DONE
     coding = headers.get("transfer-encoding")
     if coding is not None:
-        codings = [c.strip().lower() for c in coding.split(",")]
+        # Only OWS (SP, HTAB) around list elements (RFC 9110 §5.6.1): `str.strip()` would
+        # also take NBSP and NEL, which a Latin-1 value can hold, and make "chunked\xa0"
+        # chunked.
+        codings = [c.strip(" \t").lower() for c in coding.split(",")]
         if codings != ["chunked"]:
             raise HTTPProtocolError(f"unsupported Transfer-Encoding {coding!r}")
         return _CHUNK_SIZE
@@ -473,7 +488,7 @@ def _framing(status: int, headers: dict[str, str]) -> int:
 
 def _content_length(value: str) -> int:
     # A repeated header arrives joined with ", "; identical copies are allowed (§6.3).
-    values = {v.strip() for v in value.split(",")}
+    values = {v.strip(" \t") for v in value.split(",")}  # OWS only, as for the codings
     if len(values) != 1:
         raise HTTPProtocolError(f"conflicting Content-Length values {value!r}")
     digits = values.pop()
@@ -484,6 +499,8 @@ def _content_length(value: str) -> int:
 
 def _chunk_size(line: bytes) -> int:
     """A chunk-size line the fast path did not take: extensions, or an error."""
+    if len(line) > _MAX_LINE:  # (here, not in the loop: `_SIZES` holds only short lines)
+        raise HTTPProtocolError(f"chunk-size line longer than {_MAX_LINE} bytes")
     size, semicolon, _ = line.partition(b";")
     if semicolon:
         size = size.rstrip(b" \t")  # BWS before the extensions (§7.1.1)
