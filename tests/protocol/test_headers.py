@@ -38,6 +38,7 @@ def test_request_timeout(values: list[str], seconds: float) -> None:
     [
         *("abc", "-1", "0", "0.0", "nan", "inf", "-inf", "1e999", "1e3", "", " ", "0x10"),
         *("1_0", "\u0661\u0660", "\udcff", "5, 5", "+5", "5s", "1" * 400),
+        *("0\x1f", "5\x0b", "\x1c5", "5\xa0"),  # whitespace to str.strip, not to HTTP
     ],
 )
 def test_request_timeout_garbage_is_400(value: str) -> None:

@@ -30,7 +30,8 @@ def request_timeout(values: Sequence[str], limit: float) -> float:
     value = _single(REQUEST_TIMEOUT, values)
     if value is None:
         return limit
-    asked = float(value) if _DECIMAL.fullmatch(value.strip()) else math.nan
+    stripped = value.strip(" \t")  # HTTP's optional whitespace only (RFC 9110 §5.6.3)
+    asked = float(stripped) if _DECIMAL.fullmatch(stripped) else math.nan
     if not math.isfinite(asked) or asked <= 0:
         raise InvalidRequest(
             f"{REQUEST_TIMEOUT} must be a positive decimal number of seconds, got {_shown(value)}.",
