@@ -24,6 +24,16 @@ from prometheus_client import (
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 
+
+def _cache_info(engine: str) -> str:
+    """The label set of one engine's vllm:cache_config_info line on VLLM_PAGE."""
+    return (
+        'block_size="16",cache_dtype="auto",enable_prefix_caching="True",'
+        f'engine="{engine}",gpu_memory_utilization="0.9",num_cpu_blocks="None",'
+        'num_gpu_blocks="58000",num_gpu_blocks_override="None"'
+    )
+
+
 VLLM_PAGE = f"""\
 # HELP vllm:num_requests_running Number of requests in model execution batches.
 # TYPE vllm:num_requests_running gauge
@@ -59,6 +69,30 @@ vllm:time_to_first_token_seconds_count{{engine="0",model_name="{MODEL}"}} 41.0
 vllm:time_to_first_token_seconds_sum{{engine="0",model_name="{MODEL}"}} 6.25
 """
 
+# VLLM_PAGE with the prefix-cache series of a vLLM V1 engine: queries 5000+3000 and hits
+# 2048+1024 tokens; 58000 blocks of 16 tokens (the server's total, on every engine's line).
+VLLM_CACHE_PAGE = (
+    VLLM_PAGE
+    + f"""\
+# HELP vllm:prefix_cache_queries_total Prefix cache queries, in queried tokens.
+# TYPE vllm:prefix_cache_queries_total counter
+vllm:prefix_cache_queries_total{{engine="0",model_name="{MODEL}"}} 5000.0
+vllm:prefix_cache_queries_total{{engine="1",model_name="{MODEL}"}} 3000.0
+# HELP vllm:prefix_cache_queries_created Prefix cache queries, in queried tokens.
+# TYPE vllm:prefix_cache_queries_created gauge
+vllm:prefix_cache_queries_created{{engine="0",model_name="{MODEL}"}} 1.7180000012e+09
+vllm:prefix_cache_queries_created{{engine="1",model_name="{MODEL}"}} 1.7180000013e+09
+# HELP vllm:prefix_cache_hits_total Prefix cache hits, in cached tokens.
+# TYPE vllm:prefix_cache_hits_total counter
+vllm:prefix_cache_hits_total{{engine="0",model_name="{MODEL}"}} 2048.0
+vllm:prefix_cache_hits_total{{engine="1",model_name="{MODEL}"}} 1024.0
+# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig
+# TYPE vllm:cache_config_info gauge
+vllm:cache_config_info{{{_cache_info("0")}}} 1.0
+vllm:cache_config_info{{{_cache_info("1")}}} 1.0
+"""
+)
+
 SGLANG_PAGE = f"""\
 # HELP sglang:num_running_reqs The number of running requests.
 # TYPE sglang:num_running_reqs gauge
@@ -89,6 +123,22 @@ _LATENCY = (
     120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0,
 )  # fmt: skip
 _TOKENS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 20000, 50000, 100000)
+
+
+# A cache config's fields as vLLM's CacheConfig.metrics_info() gives them (a selection).
+CACHE_CONFIG = {
+    "block_size": "16",
+    "gpu_memory_utilization": "0.9",
+    "cache_dtype": "auto",
+    "is_attention_free": "False",
+    "num_gpu_blocks_override": "None",
+    "sliding_window": "None",
+    "enable_prefix_caching": "True",
+    "prefix_caching_hash_algo": "sha256",
+    "num_gpu_blocks": "27000",
+    "num_cpu_blocks": "None",
+    "kv_cache_dtype_skip_layers": "[]",
+}
 
 
 def vllm_page(dp_engines: int = 2, seed: int = 0, *, legacy_kv_name: bool = False) -> str:
@@ -127,6 +177,13 @@ def vllm_page(dp_engines: int = 2, seed: int = 0, *, legacy_kv_name: bool = Fals
         )
     ]
     success = counter("vllm:request_success", ("finished_reason",))
+    # An info metric: no model_name, the engine label last (loggers.py log_metrics_info).
+    cache_info = Gauge(
+        "vllm:cache_config_info",
+        "Information of the LLMEngine CacheConfig",
+        [*CACHE_CONFIG, "engine"],
+        registry=registry,
+    )
     histograms = [
         histogram("vllm:iteration_tokens_total", _TOKENS),
         histogram("vllm:request_prompt_tokens", _TOKENS),
@@ -154,6 +211,7 @@ def vllm_page(dp_engines: int = 2, seed: int = 0, *, legacy_kv_name: bool = Fals
             sleep_state.labels(*values, state).set(1 if state == "awake" else 0)
         for c in counters:
             c.labels(*values).inc(rng.randint(0, 10**6))
+        cache_info.labels(*CACHE_CONFIG.values(), str(dp)).set(1)
         for reason in ("stop", "length", "abort", "error", "repetition"):
             success.labels(*values, reason).inc(rng.randint(0, 10**4))
         for h in histograms:

@@ -8,7 +8,14 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from narwhal.fleet.scrape import EngineScrape, parse_engine_metrics
-from tests.fleet.exposition import MODEL, SGLANG_PAGE, VLLM_PAGE, vllm_page
+from tests.fleet.exposition import (
+    CACHE_CONFIG,
+    MODEL,
+    SGLANG_PAGE,
+    VLLM_CACHE_PAGE,
+    VLLM_PAGE,
+    vllm_page,
+)
 
 L0 = f'{{engine="0",model_name="{MODEL}"}}'
 L1 = f'{{engine="1",model_name="{MODEL}"}}'
@@ -112,6 +119,80 @@ def test_malformed_sample_lines_are_skipped() -> None:
     assert parse_engine_metrics(text, "vllm") == EngineScrape(1.0, None, None)
 
 
+def test_prefix_cache_counters_and_cache_config() -> None:
+    # Counters summed over DP engines; num_gpu_blocks repeated on each line, read once.
+    assert parse_engine_metrics(VLLM_CACHE_PAGE, "vllm") == EngineScrape(
+        5.0, 5.0, 0.375, prefix_cache_queries=8000.0, prefix_cache_hits=3072.0,
+        block_size=16, num_gpu_blocks=58000,
+    )  # fmt: skip
+
+
+def test_prefix_cache_fields_are_none_when_absent() -> None:
+    # An older vLLM, or an engine with its stats logging off: load only.
+    scrape = parse_engine_metrics(VLLM_PAGE, "vllm")
+    assert scrape is not None
+    assert (scrape.prefix_cache_queries, scrape.prefix_cache_hits) == (None, None)
+    assert (scrape.block_size, scrape.num_gpu_blocks) == (None, None)
+    # SGLang has no such series (its radix cache reports a hit rate, not these).
+    sglang = parse_engine_metrics(SGLANG_PAGE, "sglang")
+    assert sglang is not None and sglang.prefix_cache_queries is None
+    assert sglang.block_size is None and sglang.num_gpu_blocks is None
+
+
+def test_cache_config_before_the_cache_is_sized() -> None:
+    # vLLM writes str(None) until profiling has set num_gpu_blocks.
+    text = (
+        f"vllm:num_requests_running{L0} 0\n"
+        'vllm:cache_config_info{block_size="32",engine="0",num_gpu_blocks="None"} 1.0\n'
+    )
+    scrape = parse_engine_metrics(text, "vllm")
+    assert scrape is not None and (scrape.block_size, scrape.num_gpu_blocks) == (32, None)
+
+
+def test_legacy_prefix_cache_names_are_a_fallback() -> None:
+    legacy = (
+        f"vllm:num_requests_running{L0} 1\n"
+        f"vllm:gpu_prefix_cache_queries_total{L0} 300\n"
+        f"vllm:gpu_prefix_cache_hits_total{L0} 100\n"
+    )
+    scrape = parse_engine_metrics(legacy, "vllm")
+    assert scrape is not None
+    assert (scrape.prefix_cache_queries, scrape.prefix_cache_hits) == (300.0, 100.0)
+    # Both names on one page (vLLM 0.9-0.10): the current one is read, not the sum.
+    both = (
+        f"{legacy}vllm:prefix_cache_queries_total{L0} 310\nvllm:prefix_cache_hits_total{L0} 110\n"
+    )
+    scrape = parse_engine_metrics(both, "vllm")
+    assert scrape is not None
+    assert (scrape.prefix_cache_queries, scrape.prefix_cache_hits) == (310.0, 110.0)
+
+
+def test_cache_config_labels_in_any_order_with_escapes_and_lookalikes() -> None:
+    text = (
+        f"vllm:num_requests_running{L0} 1\n"
+        # A lookalike label name before the real one, and a value with `"`, `}` and `,`.
+        'vllm:cache_config_info{num_gpu_blocks_override="7",note="a\\"},b=\\\\",'
+        'num_gpu_blocks="4096",engine="0",block_size="64",} 1.0\n'
+        'vllm:cache_config_info_created{block_size="8"} 1.7e9\n'
+    )
+    scrape = parse_engine_metrics(text, "vllm")
+    assert scrape is not None and (scrape.block_size, scrape.num_gpu_blocks) == (64, 4096)
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        'vllm:cache_config_info{block_size="16",num_gpu_blocks="12} 1.0',  # unterminated
+        "vllm:cache_config_info{block_size=16,num_gpu_blocks=12} 1.0",  # unquoted
+        'vllm:cache_config_info{block_size="sixteen",num_gpu_blocks="-3"} 1.0',  # not counts
+        'vllm:cache_config_info{block_size="0",num_gpu_blocks=""} 1.0',
+    ],
+)
+def test_malformed_cache_config_reads_as_none(line: str) -> None:
+    scrape = parse_engine_metrics(f"vllm:num_requests_running{L0} 1\n{line}\n", "vllm")
+    assert scrape is not None and (scrape.block_size, scrape.num_gpu_blocks) == (None, None)
+
+
 def _reference(text: str) -> EngineScrape:
     """The same reading done with prometheus_client's full parser."""
     values: dict[str, list[float]] = {}
@@ -124,10 +205,20 @@ def _reference(text: str) -> EngineScrape:
         return sum(values[name]) if name in values else None
 
     kv = values.get("vllm:kv_cache_usage_perc") or values.get("vllm:gpu_cache_usage_perc")
+    info = [
+        sample.labels
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name == "vllm:cache_config_info"
+    ]
     return EngineScrape(
         total("vllm:num_requests_running"),
         total("vllm:num_requests_waiting"),
         sum(kv) / len(kv) if kv else None,
+        prefix_cache_queries=total("vllm:prefix_cache_queries_total"),
+        prefix_cache_hits=total("vllm:prefix_cache_hits_total"),
+        block_size=int(info[0]["block_size"]) if info else None,
+        num_gpu_blocks=int(info[0]["num_gpu_blocks"]) if info else None,
     )
 
 
@@ -142,3 +233,7 @@ def test_full_page_agrees_with_prometheus_client(dp_engines: int, legacy: bool) 
         assert got.running == want.running
         assert got.waiting == want.waiting
         assert got.kv_usage == pytest.approx(want.kv_usage)
+        assert got.prefix_cache_queries == want.prefix_cache_queries
+        assert got.prefix_cache_hits == want.prefix_cache_hits
+        assert (got.block_size, got.num_gpu_blocks) == (want.block_size, want.num_gpu_blocks)
+        assert str(got.num_gpu_blocks) == CACHE_CONFIG["num_gpu_blocks"]

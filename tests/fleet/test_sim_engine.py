@@ -8,6 +8,7 @@ import aiohttp
 import pytest
 
 from narwhal.config import EngineConfig, FleetConfig
+from narwhal.fleet.scrape import parse_engine_metrics
 from tests.fleet.conftest import MonitorFactory
 from tests.fleet.fake_engine import wait_for
 
@@ -64,5 +65,25 @@ async def test_sim_engine_load_is_seen(
             assert monitor.health("sim").last_scrape is not None
         # The request is gone (connection closed): the engine drains back to idle.
         await wait_for(lambda: running() == 0, within=5.0)
+    finally:
+        await sim.close()
+
+
+async def test_prefix_cache_of_a_sim_engine_is_read(session: aiohttp.ClientSession) -> None:
+    """The router's scrape reads what the sim exposes the way vLLM does."""
+    sim = await start_sim(
+        SimOptions(time_scale=0.0, block_size=32, kv_capacity_tokens=32_000), port=0
+    )
+    try:
+        prompt = list(range(100, 300))  # 200 token IDs: 6 full blocks of 32
+        body = {"model": SimOptions().model, "prompt": prompt, "max_tokens": 1}
+        for _ in range(2):
+            async with session.post(sim.url + "/v1/completions", json=body) as response:
+                assert response.status == 200
+        async with session.get(sim.url + "/metrics") as response:
+            scrape = parse_engine_metrics(await response.text(), "vllm")
+        assert scrape is not None
+        assert (scrape.block_size, scrape.num_gpu_blocks) == (32, 1000)
+        assert (scrape.prefix_cache_queries, scrape.prefix_cache_hits) == (400.0, 192.0)
     finally:
         await sim.close()

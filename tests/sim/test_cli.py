@@ -39,6 +39,18 @@ def test_flags_parse_into_options() -> None:
     assert options.broken_metrics and options.max_num_seqs == 8
 
 
+def test_prefix_caching_flags() -> None:
+    defaults = options_from_args(_parse())
+    assert defaults.enable_prefix_caching and defaults.block_size == 16
+    assert not defaults.enable_prompt_tokens_details
+    options = options_from_args(
+        _parse("--no-enable-prefix-caching", "--block-size", "32", "--enable-prompt-tokens-details")
+    )
+    assert not options.enable_prefix_caching and options.block_size == 32
+    assert options.enable_prompt_tokens_details
+    assert options_from_args(_parse("--enable-prefix-caching")).enable_prefix_caching
+
+
 def test_help_lists_flags_and_scenarios() -> None:
     out = subprocess.run(
         [sys.executable, "-m", "narwhal", "sim", "--help"],
@@ -47,6 +59,7 @@ def test_help_lists_flags_and_scenarios() -> None:
         check=True,
     ).stdout
     for text in ("--prefill-tokens-per-s", "--kv-capacity-tokens", "--decode-per-seq-ms",
+                 "--block-size", "--no-enable-prefix-caching", "--enable-prompt-tokens-details",
                  "#sim:tool_calls", "#sim:stall=S"):  # fmt: skip
         assert text in out
 
@@ -59,6 +72,17 @@ async def test_process_serves_and_exits_cleanly_on_sigterm(http: aiohttp.ClientS
         assert sim.proc.wait(10) == 0
         assert sim.proc.stdout is not None
         assert sim.proc.stdout.read() == ""  # exactly one line was printed
+
+
+async def test_process_takes_the_cache_flags(http: aiohttp.ClientSession) -> None:
+    args = ("--time-scale", "0", "--block-size", "8", "--kv-capacity-tokens", "8000",
+            "--no-enable-prefix-caching")  # fmt: skip
+    with sim_process(*args) as sim:
+        async with http.get(f"{sim.url}/metrics") as response:
+            text = await response.text()
+    (line,) = [line for line in text.splitlines() if line.startswith("vllm:cache_config_info{")]
+    for label in ('block_size="8"', 'num_gpu_blocks="1000"', 'enable_prefix_caching="False"'):
+        assert label in line
 
 
 def test_bad_option_exits_2() -> None:

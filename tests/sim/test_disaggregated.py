@@ -163,3 +163,28 @@ async def test_role_both_does_either_side(sim_factory: Any, http: aiohttp.Client
         dict(body, kv_transfer_params=answer["kv_transfer_params"]),
     )  # fmt: skip
     assert result.status == 200 and result.chunks[-1]["choices"][0]["finish_reason"] == "length"
+
+
+async def test_block_ids_follow_the_block_size_and_decode_reports_pulled_tokens(
+    sim_factory: Any, http: aiohttp.ClientSession
+) -> None:
+    prefill = await sim_factory(role="prefill", block_size=32)
+    decode = await sim_factory(role="decode", block_size=32, enable_prompt_tokens_details=True)
+    client_body = chat_body(LONG_PROMPT, max_tokens=4)
+    _, answer = await _prefill(http, prefill.url, client_body, "r-blocks")
+    prompt_tokens = answer["usage"]["prompt_tokens"]
+    (block_ids,) = answer["kv_transfer_params"]["remote_block_ids"]
+    # The prefill engine's own blocks for the prompt, held for the decoder.
+    assert len(block_ids) == len(set(block_ids)) == -(-prompt_tokens // 32)
+    async with http.get(f"{prefill.url}/sim/state") as response:
+        assert (await response.json())["kv_held_blocks"] == len(block_ids)
+    decode_body = dict(client_body, kv_transfer_params=answer["kv_transfer_params"])
+    status, body = await post_json(http, f"{decode.url}/v1/chat/completions", decode_body)
+    assert status == 200
+    # As vLLM counts num_cached_tokens: everything the first step found computed, the
+    # pulled KV included; only the last prompt token is computed again.
+    assert body["usage"]["prompt_tokens_details"] == {"cached_tokens": prompt_tokens - 1}
+    async with http.get(f"{prefill.url}/sim/state") as response:
+        state = await response.json()
+    assert state["kv_held_blocks"] == 0 and state["kv_used_blocks"] == 0
+    assert state["kv_cached_free_blocks"] == prompt_tokens // 32  # still hits on the prefiller

@@ -88,17 +88,19 @@ def test_max_num_seqs_makes_requests_wait() -> None:
 
 
 def test_kv_exhaustion_queues_then_preempts() -> None:
+    # 300 tokens of 16-token blocks: 18 blocks. A 120-token prompt takes 8 of them.
     scheduler = Scheduler(_options(kv_capacity_tokens=300, max_model_len=300))
     seqs = [Sequence(120, 60) for _ in range(3)]
     for seq in seqs:
         scheduler.add(seq, 0.0)
     scheduler.schedule(0.0)
     assert scheduler.num_running == 2 and scheduler.num_waiting == 1  # the third does not fit
-    assert scheduler.kv_usage == pytest.approx(240 / 300)
+    assert scheduler.used_blocks == 16
+    assert scheduler.kv_usage == pytest.approx(16 / 18)
     _run(scheduler, [])
     assert scheduler.preemptions > 0  # the two running ones outgrew the cache
     assert all(s.produced == 60 for s in seqs)
-    assert scheduler.kv_used == 0
+    assert scheduler.used_blocks == 0
 
 
 def test_remote_prefilled_sequence_skips_prefill() -> None:
@@ -137,9 +139,11 @@ def test_held_kv_counts_until_released() -> None:
     scheduler = Scheduler(_options())
     seq = Sequence(500, 1, keep_kv=True)
     _run(scheduler, [(0.0, seq)])
-    assert scheduler.kv_held == 500 and scheduler.kv_used == 500
-    scheduler.release_held(500)
-    assert scheduler.kv_used == 0
+    assert scheduler.held_blocks == 32 and scheduler.used_blocks == 32  # ceil(500 / 16)
+    scheduler.release_held(seq)
+    assert scheduler.used_blocks == 0 and scheduler.held_blocks == 0
+    scheduler.release_held(seq)  # a second release (lease expiry after a pull) is harmless
+    assert scheduler.used_blocks == 0 and scheduler.held_blocks == 0
 
 
 def test_abort_frees_everything() -> None:
@@ -150,7 +154,7 @@ def test_abort_frees_everything() -> None:
     scheduler.schedule(0.0)
     scheduler.abort(running)
     scheduler.abort(waiting)
-    assert scheduler.kv_used == 0 and not scheduler.running and not scheduler.waiting
+    assert scheduler.used_blocks == 0 and not scheduler.running and not scheduler.waiting
     assert running.aborted and waiting.finished
 
 
@@ -159,4 +163,10 @@ def test_options_validate() -> None:
         SimOptions(max_num_seqs=0)
     with pytest.raises(ValueError, match="time_scale"):
         SimOptions(time_scale=-1)
-    assert SimOptions(kv_capacity_tokens=1000, max_model_len=4096).context_len == 1000
+    with pytest.raises(ValueError, match="block_size"):
+        SimOptions(block_size=0)
+    with pytest.raises(ValueError, match="at least one block"):
+        SimOptions(kv_capacity_tokens=8, block_size=16)
+    # The context is what whole blocks hold: a lone sequence always fits.
+    assert SimOptions(kv_capacity_tokens=1000, max_model_len=4096).context_len == 992
+    assert SimOptions(kv_capacity_tokens=1000, block_size=8).num_gpu_blocks == 125

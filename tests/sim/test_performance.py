@@ -54,8 +54,9 @@ async def test_ttft_grows_with_queue_depth(sim_factory: Any, http: aiohttp.Clien
     sim = await sim_factory(
         time_scale=1.0, prefill_tokens_per_s=20_000.0, max_num_batched_tokens=4096
     )  # each prompt ~0.18 s of prefill, one per step
-    body = chat_body(LONG_PROMPT, stream=True, max_tokens=2)
-    results = await asyncio.gather(*(_timed_stream(http, sim.url, body) for _ in range(4)))
+    # Distinct openings: identical prompts would share their cached prefix.
+    bodies = [chat_body(f"{i} {LONG_PROMPT}", stream=True, max_tokens=2) for i in range(4)]
+    results = await asyncio.gather(*(_timed_stream(http, sim.url, body) for body in bodies))
     ttfts = sorted(ttft for ttft, _ in results)
     # Queued one after another, the last waits for three other prefills (~0.54 s more
     # than the first). A difference, not a ratio: a hiccup that slows the first request
@@ -89,9 +90,10 @@ async def test_kv_exhaustion_makes_requests_wait(
         time_scale=1.0, kv_capacity_tokens=2000, max_model_len=2000, decode_base_ms=10.0
     )
     prompt = "tell me about the sea " * 100  # ~600 tokens: three fit, not five
-    body = chat_body(prompt, max_tokens=40, ignore_eos=True)
+    # Distinct openings: identical prompts would share their cached prefix's blocks.
+    bodies = [chat_body(f"{i} {prompt}", max_tokens=40, ignore_eos=True) for i in range(5)]
     tasks = [asyncio.create_task(post_json(http, f"{sim.url}/v1/chat/completions", body))
-             for _ in range(5)]  # fmt: skip
+             for body in bodies]  # fmt: skip
     waiting = kv = 0.0
     for _ in range(40):
         await asyncio.sleep(0.02)

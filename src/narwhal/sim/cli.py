@@ -50,7 +50,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help_text = f"{field.metadata['help']} (default: {field.default})"
         annotation = hints[field.name]
         if annotation is bool:
-            parser.add_argument(flag, action="store_true", help=help_text)
+            # A switch that is on by default is turned off as vLLM's are: --no-FLAG.
+            action = argparse.BooleanOptionalAction if field.default else "store_true"
+            if field.default:
+                help_text = f"{field.metadata['help']} (default: on)"
+            parser.add_argument(flag, action=action, default=field.default, help=help_text)
             continue
         kind, choices = _flag_type(annotation)
         parser.add_argument(flag, type=kind, choices=choices, default=field.default, help=help_text)

@@ -80,7 +80,7 @@ class CompletionRoutes:
                 self.runtime.engine.abort(seq)
             elif plan.prefill_only and not seq.aborted and not plan.shape.ctx.kv_transfer_params:
                 # Finished, but the blocks never reached the store (the client went away).
-                self.runtime.engine.release_held(seq.prompt_len)
+                self.runtime.engine.release_held(seq)
 
     # -- admission -----------------------------------------------------------------------
     async def _plan(self, request: web.Request, chat: bool) -> _Plan:
@@ -175,6 +175,9 @@ class CompletionRoutes:
             ready_at=ready_at,
             keep_kv=prefill_only,
             streaming=stream,
+            # The cache keys: the prompt, then the output (cached too once computed, so
+            # a follow-up turn that quotes it hits, as on vLLM).
+            token_ids=parsed.prompt_ids + script.ids if options.enable_prefix_caching else None,
         )
         remote_id = f"{response_id}-{uuid.uuid4().hex[:8]}" if prefill_only else ""
         return _Plan(parsed, scenarios, script, shape, seq, stream, prefill_only, remote_id)
@@ -208,9 +211,15 @@ class CompletionRoutes:
         """Prefill-only requests: keep the KV for the decoder once the engine is done."""
         if plan.prefill_only and plan.seq.finished and not plan.seq.aborted:
             runtime = self.runtime
-            params = runtime.kv_store.hold(plan.remote_request_id, plan.parsed.prompt_ids,
-                                           runtime.advertised_host, runtime.port)  # fmt: skip
+            params = runtime.kv_store.hold(plan.remote_request_id, plan.seq,
+                                           plan.parsed.prompt_ids, runtime.advertised_host,
+                                           runtime.port)  # fmt: skip
             plan.shape.ctx.kv_transfer_params = params
+
+    def _report_cached(self, plan: _Plan) -> None:
+        """usage.prompt_tokens_details, when the server reports it: known once admitted."""
+        if self.runtime.options.enable_prompt_tokens_details:
+            plan.shape.ctx.cached_tokens = plan.seq.cached_tokens or 0
 
     # -- responses ---------------------------------------------------------------------
     async def _whole(self, request: web.Request, plan: _Plan) -> web.StreamResponse:
@@ -219,6 +228,7 @@ class CompletionRoutes:
         while not seq.finished:
             await engine.wait_progress(seq)
         self._hold_blocks(plan)
+        self._report_cached(plan)
         if script.stall_at is not None:
             await asyncio.sleep(script.stall_s)
         if script.disconnect_at is not None:
@@ -282,6 +292,7 @@ class CompletionRoutes:
             if emitter.done:
                 break
             await engine.wait_progress(seq)
+        self._report_cached(plan)
         trailer = shape.trailer(script.ids)
         if trailer:
             await write(trailer)

@@ -80,8 +80,8 @@ class Engine:
             self.metrics.finished("abort")
         self._wake.set()
 
-    def release_held(self, tokens: int) -> None:
-        self.scheduler.release_held(tokens)
+    def release_held(self, seq: Sequence) -> None:
+        self.scheduler.release_held(seq)
         self._wake.set()
 
     async def wait_progress(self, seq: Sequence) -> None:
@@ -150,6 +150,7 @@ class Engine:
         metrics.preemptions = preemptions
         for seq in finished:
             metrics.e2e.observe(now - seq.arrival)
+            metrics.cached_tokens += seq.cached_tokens or 0
             if seq.produced > 1 and seq.first_token_at is not None:
                 metrics.tpot.observe((now - seq.first_token_at) / (seq.produced - 1))
             metrics.finished(_engine_reason(seq.finish_reason))

@@ -1,10 +1,10 @@
 """vLLM's disaggregated prefill/decode handshake, made real between two sim processes.
 
 Prefill side (`KvStore`): a request with `kv_transfer_params.do_remote_decode` runs its
-prefill, samples one token, and keeps its prompt's "KV blocks" (counted in the
-engine's KV usage) for `--kv-hold-s` wall-clock seconds. The lease is not scaled by
-`--time-scale`: like vLLM's, it is about how long a decoder may take to show up, and
-tests need it to expire deterministically even at time-scale 0.
+prefill, samples one token, and keeps its prompt's KV blocks (counted in the engine's
+KV usage; their ids are the `remote_block_ids`) for `--kv-hold-s` wall-clock seconds.
+The lease is not scaled by `--time-scale`: like vLLM's, it is about how long a decoder
+may take to show up, and tests need it to expire deterministically even at time-scale 0.
 
 Decode side (`pull_blocks`): a request with `do_remote_prefill` and the remote_* fields
 POSTs `{remote_engine_id, remote_request_id}` to `http://remote_host:remote_port
@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import itertools
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -26,9 +25,9 @@ import msgspec
 
 from narwhal.sim.engine import Engine
 from narwhal.sim.events import SimError
+from narwhal.sim.model import Sequence
 
 PULL_PATH: Final = "/sim/kv/pull"
-BLOCK_SIZE: Final = 16
 _PULL_TIMEOUT: Final = aiohttp.ClientTimeout(total=10, connect=3)
 _REQUIRED: Final = ("remote_block_ids", "remote_engine_id", "remote_request_id",
                     "remote_host", "remote_port")  # fmt: skip
@@ -40,7 +39,7 @@ def prompt_digest(prompt_ids: list[int]) -> str:
 
 @dataclass(slots=True)
 class _Held:
-    num_tokens: int
+    seq: Sequence  # the finished prefill, still holding its prompt's blocks
     digest: str
     timer: asyncio.TimerHandle | None = None
 
@@ -53,15 +52,16 @@ class KvStore:
         self.hold_s = hold_s
         self.engine_id = engine_id
         self._held: dict[str, _Held] = {}
-        self._next_block = itertools.count(1)
 
     def __len__(self) -> int:
         return len(self._held)
 
-    def hold(self, request_id: str, prompt_ids: list[int], host: str, port: int) -> dict[str, Any]:
+    def hold(
+        self, request_id: str, seq: Sequence, prompt_ids: list[int], host: str, port: int
+    ) -> dict[str, Any]:
         """Keep the blocks; returns the kv_transfer_params the decoder needs."""
-        blocks = [next(self._next_block) for _ in range(-(-len(prompt_ids) // BLOCK_SIZE))]
-        held = _Held(len(prompt_ids), prompt_digest(prompt_ids))
+        blocks = [block.block_id for block in seq.blocks]
+        held = _Held(seq, prompt_digest(prompt_ids))
         loop = asyncio.get_running_loop()
         held.timer = loop.call_later(self.hold_s, self._expire, request_id)
         self._held[request_id] = held
@@ -85,7 +85,7 @@ class KvStore:
     def _expire(self, request_id: str) -> None:
         held = self._held.pop(request_id, None)
         if held is not None:
-            self.engine.release_held(held.num_tokens)
+            self.engine.release_held(held.seq)
 
     def pull(self, engine_id: str, request_id: str) -> tuple[int, str] | None:
         """Hand the blocks over (and free them here); None if unknown or expired."""
@@ -96,8 +96,8 @@ class KvStore:
             return None
         if held.timer is not None:
             held.timer.cancel()
-        self.engine.release_held(held.num_tokens)
-        return held.num_tokens, held.digest
+        self.engine.release_held(held.seq)
+        return held.seq.prompt_len, held.digest
 
     def close(self) -> None:
         for request_id in list(self._held):

@@ -3,7 +3,18 @@
 Each sim owns a `CollectorRegistry` (several sims may share one process). Recording is
 on the engine's hot path, once per token, so it uses plain lists instead of
 prometheus_client's locked metric objects; a custom collector turns them into metric
-families at scrape time, and reads the load gauges live from the scheduler.
+families at scrape time, and reads the load gauges and the prefix-cache counters live
+from the scheduler.
+
+Prefix caching, as each engine reports it:
+- vLLM: `vllm:prefix_cache_queries` and `vllm:prefix_cache_hits` (tokens looked up and
+  found, counted at admission; `_total` in the exposition), and `vllm:cache_config_info`,
+  an info-style gauge (value 1) whose labels are the cache config as strings, plus
+  `engine` and no `model_name` (vllm/v1/metrics/loggers.py `log_metrics_info`). vLLM
+  puts every CacheConfig field there; the sim sets the ones it has a meaning for.
+- SGLang: `sglang:cache_hit_rate`, the hit share of the last prefill batch (a gauge, not
+  a running ratio), and `sglang:cached_tokens_total`, the cached prompt tokens of
+  finished requests (python/sglang/srt/metrics/collector.py).
 """
 
 from __future__ import annotations
@@ -21,6 +32,9 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
+from narwhal.sim.options import SimOptions
+from narwhal.sim.prefix_cache import CacheCounters
+
 # vLLM's bucket boundaries (vllm/v1/metrics/loggers.py), rounded to what matters here.
 _TTFT_BUCKETS: Final = (
     0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0,
@@ -36,7 +50,7 @@ _E2E_BUCKETS: Final = (
 )  # fmt: skip
 
 # Our name -> (vLLM name, SGLang name); None: that engine has no such metric.
-_NAMES: Final[dict[str, tuple[str, str | None]]] = {
+_NAMES: Final[dict[str, tuple[str | None, str | None]]] = {
     "running": ("vllm:num_requests_running", "sglang:num_running_reqs"),
     "waiting": ("vllm:num_requests_waiting", "sglang:num_queue_reqs"),
     "kv": ("vllm:kv_cache_usage_perc", "sglang:token_usage"),
@@ -48,6 +62,11 @@ _NAMES: Final[dict[str, tuple[str, str | None]]] = {
     "generation": ("vllm:generation_tokens", "sglang:generation_tokens"),
     "success": ("vllm:request_success", "sglang:num_requests"),
     "preemptions": ("vllm:num_preemptions", None),
+    "cache_queries": ("vllm:prefix_cache_queries", None),
+    "cache_hits": ("vllm:prefix_cache_hits", None),
+    "cached": (None, "sglang:cached_tokens"),
+    "hit_rate": (None, "sglang:cache_hit_rate"),
+    "cache_config": ("vllm:cache_config_info", None),
 }
 _HELP: Final = {
     "running": "Number of requests in model execution batches.",
@@ -61,6 +80,11 @@ _HELP: Final = {
     "generation": "Number of generation tokens processed.",
     "success": "Count of successfully processed requests.",
     "preemptions": "Cumulative number of preemption from the engine.",
+    "cache_queries": "Prefix cache queries, in terms of number of queried tokens.",
+    "cache_hits": "Prefix cache hits, in terms of number of cached tokens.",
+    "cached": "Number of cached prompt tokens.",
+    "hit_rate": "The prefix cache hit rate.",
+    "cache_config": "Information of the LLMEngine CacheConfig",
 }
 
 
@@ -91,8 +115,31 @@ class _Histogram:
 Gauges = Callable[[], tuple[int, int, float]]  # running, waiting, kv usage 0-1
 
 
+def cache_config_labels(options: SimOptions) -> dict[str, str]:
+    """vllm:cache_config_info's labels: CacheConfig fields as `str()` prints them, in order."""
+    return {
+        "block_size": str(options.block_size),
+        "gpu_memory_utilization": "0.92",
+        "cache_dtype": "auto",
+        "is_attention_free": "False",
+        "num_gpu_blocks_override": "None",
+        "sliding_window": "None",
+        "enable_prefix_caching": str(options.enable_prefix_caching),
+        "prefix_caching_hash_algo": "sha256",
+        "num_gpu_blocks": str(options.num_gpu_blocks),
+        "num_cpu_blocks": "None",
+    }
+
+
 class SimMetrics:
-    def __init__(self, model: str, dialect: str, gauges: Gauges) -> None:
+    def __init__(
+        self,
+        model: str,
+        dialect: str,
+        gauges: Gauges,
+        cache: CacheCounters | None = None,
+        cache_config: dict[str, str] | None = None,
+    ) -> None:
         self.ttft = _Histogram(_TTFT_BUCKETS)
         self.itl = _Histogram(_ITL_BUCKETS)
         self.tpot = _Histogram(_ITL_BUCKETS)
@@ -100,6 +147,9 @@ class SimMetrics:
         self.prompt_tokens = 0
         self.generation_tokens = 0
         self.preemptions = 0
+        self.cached_tokens = 0  # of finished requests (SGLang's count)
+        self.cache = cache if cache is not None else CacheCounters()
+        self.cache_config = cache_config or {}
         self.success: dict[str, int] = {}
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(_Collector(self, model, dialect, gauges))
@@ -138,10 +188,26 @@ class _Collector(Collector):
                 family = HistogramMetricFamily(name, _HELP[key], labels=self.labels)
                 family.add_metric(self.values, hist.buckets(), sum_value=hist.total)
                 yield family
+        cache = m.cache
+        name = self._name("hit_rate")
+        if name is not None:
+            gauge = GaugeMetricFamily(name, _HELP["hit_rate"], labels=self.labels)
+            rate = cache.batch_hits / cache.batch_queries if cache.batch_queries else 0.0
+            gauge.add_metric(self.values, rate)
+            yield gauge
+        name = self._name("cache_config")
+        if name is not None and m.cache_config:
+            labels = [*m.cache_config, "engine"]
+            info = GaugeMetricFamily(name, _HELP["cache_config"], labels=labels)
+            info.add_metric([*m.cache_config.values(), self.values[-1]], 1.0)
+            yield info
         for key, total in (
             ("prompt", m.prompt_tokens),
             ("generation", m.generation_tokens),
             ("preemptions", m.preemptions),
+            ("cache_queries", cache.queries),
+            ("cache_hits", cache.hits),
+            ("cached", m.cached_tokens),
         ):
             name = self._name(key)
             if name is not None:

@@ -63,7 +63,31 @@ class SimOptions:
     )
     kv_capacity_tokens: int = field(
         default=450_000,
-        metadata=_help("KV-cache capacity in tokens; requests wait when it is full"),
+        metadata=_help(
+            "KV-cache capacity in tokens: num_gpu_blocks is this over --block-size "
+            "(rounded down); requests wait when no block is free"
+        ),
+    )
+    block_size: int = field(
+        default=16,
+        metadata=_help(
+            "tokens per KV-cache block (vLLM's --block-size): the unit of KV allocation, "
+            "of prefix caching and of the block ids a prefill engine hands to a decoder"
+        ),
+    )
+    enable_prefix_caching: bool = field(
+        default=True,
+        metadata=_help(
+            "automatic prefix caching, on by default as in vLLM's V1 engine: full blocks "
+            "of a prompt already in the cache are reused, not prefilled again"
+        ),
+    )
+    enable_prompt_tokens_details: bool = field(
+        default=False,
+        metadata=_help(
+            "report usage.prompt_tokens_details.cached_tokens (vLLM's flag of that name; "
+            "SGLang's --enable-cache-report); without it the field is null"
+        ),
     )
     prefill_tokens_per_s: float = field(
         default=20_000.0, metadata=_help("prefill throughput in prompt tokens per second")
@@ -137,6 +161,7 @@ class SimOptions:
             "max_num_seqs": self.max_num_seqs,
             "max_num_batched_tokens": self.max_num_batched_tokens,
             "kv_capacity_tokens": self.kv_capacity_tokens,
+            "block_size": self.block_size,
             "prefill_tokens_per_s": self.prefill_tokens_per_s,
             "kv_transfer_tokens_per_s": self.kv_transfer_tokens_per_s,
             "output_len_mean": self.output_len_mean,
@@ -159,6 +184,11 @@ class SimOptions:
                 raise ValueError(f"{name} must be >= 0, got {value}")
         if self.drift_after_s is not None and self.drift_after_s < 0:
             raise ValueError(f"drift_after_s must be >= 0, got {self.drift_after_s}")
+        if self.kv_capacity_tokens < self.block_size:
+            raise ValueError(
+                f"kv_capacity_tokens ({self.kv_capacity_tokens}) must hold at least one block "
+                f"of block_size ({self.block_size}) tokens"
+            )
         if self.dialect not in get_args(Dialect):
             raise ValueError(f"unknown dialect {self.dialect!r}")
         if self.role not in ("both", "prefill", "decode"):
@@ -172,6 +202,11 @@ class SimOptions:
                 raise ValueError(f"always: {exc}") from None
 
     @property
+    def num_gpu_blocks(self) -> int:
+        """KV-cache blocks, as vLLM reports them in `vllm:cache_config_info`."""
+        return self.kv_capacity_tokens // self.block_size
+
+    @property
     def context_len(self) -> int:
         """The usable context: a lone sequence must always fit in the KV cache."""
-        return min(self.max_model_len, self.kv_capacity_tokens)
+        return min(self.max_model_len, self.num_gpu_blocks * self.block_size)

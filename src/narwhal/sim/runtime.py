@@ -10,7 +10,7 @@ import aiohttp
 
 from narwhal.sim.engine import Engine
 from narwhal.sim.kv import KvStore
-from narwhal.sim.metrics import SimMetrics
+from narwhal.sim.metrics import SimMetrics, cache_config_labels
 from narwhal.sim.options import SimOptions
 from narwhal.sim.shapes_openai import OpenAIShape
 from narwhal.sim.shapes_sglang import SglangShape
@@ -41,7 +41,8 @@ class SimRuntime:
     def create(cls, options: SimOptions) -> SimRuntime:
         """Build the parts; must run inside the event loop that will serve them."""
         engine = Engine(options)
-        metrics = SimMetrics(options.model, options.dialect, engine.gauges)
+        metrics = SimMetrics(options.model, options.dialect, engine.gauges,
+                             engine.scheduler.counters, cache_config_labels(options))  # fmt: skip
         engine.metrics = metrics
         engine_id = str(uuid.uuid4())
         return cls(

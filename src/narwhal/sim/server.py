@@ -6,7 +6,9 @@ sglang  the same, plus /get_model_info /get_server_info /health_generate
 openai  /v1/chat/completions /v1/completions /v1/models /health ({"status":"ok"});
         /metrics and /tokenize answer 404 like `transformers serve`
 all     POST /sim/kv/pull (the prefill side of the PD handshake, see kv.py) and
-        GET /sim/state (the scheduler's live numbers, for tests and curious operators)
+        GET /sim/state (the scheduler's live numbers, for tests and curious operators:
+        load, KV blocks used / held / cached-but-free, prefix-cache counters, and the
+        prompt tokens actually prefilled, which cache hits do not add to)
 """
 
 from __future__ import annotations
@@ -107,7 +109,8 @@ class _AuxRoutes:
     async def server_info(self, request: web.Request) -> web.Response:
         options = self.runtime.options
         return _json({"model_path": options.model, "tokenizer_path": options.model,
-                      "is_generation": True, "max_total_num_tokens": options.kv_capacity_tokens,
+                      "is_generation": True,
+                      "max_total_num_tokens": options.num_gpu_blocks * options.block_size,
                       "max_running_requests": options.max_num_seqs,
                       "context_length": options.context_len,
                       "version": VERSIONS["sglang"]})  # fmt: skip
@@ -127,10 +130,21 @@ class _AuxRoutes:
 
     async def state(self, request: web.Request) -> web.Response:
         scheduler = self.runtime.engine.scheduler
+        pool, size = scheduler.pool, scheduler.block_size
+        counters = scheduler.counters
         return _json({"running": scheduler.num_running, "waiting": scheduler.num_waiting,
-                      "kv_used_tokens": scheduler.kv_used, "kv_held_tokens": scheduler.kv_held,
+                      # KV in blocks; the *_tokens figures are the same in block-size units
+                      "block_size": size, "num_gpu_blocks": pool.num_blocks,
+                      "kv_used_blocks": scheduler.used_blocks,
+                      "kv_held_blocks": scheduler.held_blocks,
+                      "kv_cached_free_blocks": pool.num_cached_free(),
+                      "kv_used_tokens": scheduler.used_blocks * size,
+                      "kv_held_tokens": scheduler.held_blocks * size,
                       "kv_usage": scheduler.kv_usage, "held_requests": len(self.runtime.kv_store),
-                      "preemptions": scheduler.preemptions})  # fmt: skip
+                      "preemptions": scheduler.preemptions,
+                      "prefix_cache_queries": counters.queries,
+                      "prefix_cache_hits": counters.hits,
+                      "prefill_tokens_computed": scheduler.prefill_tokens})  # fmt: skip
 
 
 def build_app(runtime: SimRuntime) -> web.Application:

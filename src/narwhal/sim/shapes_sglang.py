@@ -25,6 +25,7 @@ from narwhal.sim.shapes_vllm import (
     broken_ids,
     chat_logprobs,
     completion_logprobs,
+    prompt_details,
     usage_dict,
 )
 
@@ -161,7 +162,7 @@ class SglangShape(VllmShape):
             out += frame + payload + b"\n\n"
         if self.ctx.include_usage:
             usage: dict[str, Any] = usage_dict(len(self.ctx.prompt_ids), len(output_ids))
-            usage["prompt_tokens_details"] = None
+            usage["prompt_tokens_details"] = prompt_details(self.ctx)
             out += self.head + b'],"usage":' + _encode(usage) + b"}\n\n"
         return out + DONE
 
@@ -186,7 +187,7 @@ class SglangShape(VllmShape):
         if id_fault is not None and id_fault != "no_token_ids":
             token_ids = broken_ids(ids, id_fault)
         usage: dict[str, Any] = usage_dict(len(ctx.prompt_ids), len(ids))
-        usage["prompt_tokens_details"] = None
+        usage["prompt_tokens_details"] = prompt_details(ctx)
         choice: dict[str, Any] = {"index": 0}
         if ctx.chat:
             message = self._message(delta)

@@ -44,6 +44,7 @@ class ShapeContext:
     stop_reason: str | int | None = None
     matched_stop: str | int | None = None
     kv_transfer_params: dict[str, Any] | None = None
+    cached_tokens: int | None = None  # set when the server reports prompt_tokens_details
     sglext_input: bool = False
     sglext_output: bool = False
     sglext_framed: bool = False
@@ -55,6 +56,11 @@ def usage_dict(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
         "total_tokens": prompt_tokens + completion_tokens,
         "completion_tokens": completion_tokens,
     }
+
+
+def prompt_details(ctx: ShapeContext) -> dict[str, int] | None:
+    """usage.prompt_tokens_details: `{"cached_tokens": N}`, or None when not reported."""
+    return None if ctx.cached_tokens is None else {"cached_tokens": ctx.cached_tokens}
 
 
 def broken_ids(ids: list[int], fault: str) -> Any:
@@ -299,7 +305,10 @@ class VllmShape:
         """After the finishing chunk: the usage-only chunk when asked, then [DONE]."""
         if not self.ctx.include_usage:
             return DONE
-        usage = usage_dict(len(self.ctx.prompt_ids), len(output_ids))
+        usage: dict[str, Any] = usage_dict(len(self.ctx.prompt_ids), len(output_ids))
+        details = prompt_details(self.ctx)
+        if details is not None:  # the chunk is dumped without null keys
+            usage["prompt_tokens_details"] = details
         fingerprint = b""
         if self.fingerprint is not None:
             fingerprint = b',"system_fingerprint":"' + self.fingerprint.encode() + b'"'
@@ -330,7 +339,7 @@ class VllmShape:
         if ctx.return_token_ids and id_fault is not None:
             token_ids = None if id_fault == "no_token_ids" else broken_ids(ids, id_fault)
         usage: dict[str, Any] = usage_dict(len(ctx.prompt_ids), len(ids))
-        usage |= {"prompt_tokens_details": None, "completion_tokens_details": None}
+        usage |= {"prompt_tokens_details": prompt_details(ctx), "completion_tokens_details": None}
         prompt_ids = ctx.prompt_ids if ctx.return_token_ids else None
         if ctx.chat:
             choice = {
