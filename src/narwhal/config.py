@@ -78,6 +78,22 @@ class EngineConfig(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True
     max_num_seqs: PositiveInt = 256
 
 
+class PrefixIndexConfig(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    """What cache-aware placement remembers of each engine's prefix cache
+    (`scheduler/prefix_cache.py`)."""
+
+    # Characters of canonical prompt text a block: about vLLM's 16-token block at the
+    # usual 4 characters a token. Smaller finds shorter shared prefixes, at more hashing.
+    block_chars: Annotated[int, Meta(ge=8, le=4096)] = 64
+    # The hard cap an engine, whatever its KV cache: about 126 bytes a block, so the
+    # default holds 32 MiB an engine at most (16M prompt characters, 4M tokens).
+    max_blocks: NonNegativeInt = 262_144
+    # An engine's index is forgotten when Narwhal's predicted hit ratio there exceeds
+    # the engine's own (vLLM's prefix-cache counters) by more than this, for this long.
+    drift_threshold: Annotated[float, Meta(gt=0, le=1)] = 0.25
+    forget_after_s: PositiveSeconds = 60.0
+
+
 class FleetConfig(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
     probe_interval_s: PositiveSeconds = 1.0
     stale_after_s: PositiveSeconds = 5.0
@@ -85,8 +101,11 @@ class FleetConfig(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True)
     probe_timeout_s: PositiveSeconds = 2.0
     max_attempts: PositiveInt = 2
     # How to choose among eligible engines: by load (Narwhal's own in-flight work corrected
-    # by the engines' metrics) or round robin (for comparison; what simple proxies do).
-    policy: Literal["load", "round_robin"] = "load"
+    # by the engines' metrics; projected TTFT in predictive mode), by load with the
+    # prompt tokens each engine has in its prefix cache priced off (cache_aware), or round
+    # robin (for comparison; what simple proxies do).
+    policy: Literal["load", "round_robin", "cache_aware"] = "load"
+    prefix_index: PrefixIndexConfig = PrefixIndexConfig()
     # The longest SSE event taken from an engine (its bytes, blank line included), and what
     # an unfinished one may hold: past it the attempt fails. Null: `Config.max_event_bytes`.
     max_event_bytes: ByteLimit | None = None

@@ -23,7 +23,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -283,8 +283,11 @@ class Dispatcher:
         self, request: CompletionRequest, context: RequestContext
     ) -> PlacementRequest:
         lengths = self._lengths
+        prefix = self.scheduler.prefix
+        blocks = None if prefix is None else prefix.blocks_of(request)
         if lengths is None:
-            return PlacementRequest.sized(request.route, context.prompt_tokens, request.max_tokens)
+            sized = PlacementRequest.sized(request.route, context.prompt_tokens, request.max_tokens)
+            return sized if blocks is None else replace(sized, prefix=blocks)
         budget = self._config.admission.ttft_target_s
         cap = request.max_tokens
         context_len = self._context_len()
@@ -298,6 +301,7 @@ class Dispatcher:
             max_tokens=cap,
             predicted_output=lengths.predict(request.route, context.prompt_tokens, cap),
             ttft_due=context.arrived + budget,
+            prefix=blocks,
         )
 
     def _context_len(self) -> int | None:

@@ -50,6 +50,9 @@ from narwhal.operator_state import OperatorState
 from narwhal.scheduler.learning import PlacementLearning
 from narwhal.scheduler.metrics import EngineStateCollector
 from narwhal.scheduler.predictive import ProjectingScorer, decoding_on
+from narwhal.scheduler.prefix_accuracy import AccuracyPolicy
+from narwhal.scheduler.prefix_cache import PrefixCache
+from narwhal.scheduler.prefix_metrics import PrefixCollector
 from narwhal.scheduler.registry import EngineEntry, EngineRegistry
 from narwhal.scheduler.scheduler import Scheduler
 from narwhal.sizing import EngineTokenizer, TokenizeCandidate, WorkloadSizer, load_sizer
@@ -71,10 +74,11 @@ class Router:
         admission = config.admission
         predictive = admission.mode == "predictive"
         round_robin = config.fleet.policy == "round_robin"
+        self.prefix = _prefix_cache(config)
         self.book: ModelBook | None = None
         listener: PlacementListener | None = None
         check: PredictiveCheck | None = None
-        self.scheduler = Scheduler(self.registry, round_robin=round_robin)
+        self.scheduler = Scheduler(self.registry, round_robin=round_robin, prefix=self.prefix)
         if predictive:
             book = self.book = ModelBook(
                 self.registry.entries,
@@ -89,17 +93,23 @@ class Router:
             listener = PlacementLearning(book)
             if not round_robin:
                 self.scheduler.scorer = ProjectingScorer(
-                    book, tpot_target_s=admission.tpot_target_s
+                    book, tpot_target_s=admission.tpot_target_s, prefix=self.prefix
                 )
             check = PredictiveCheck(
                 self.registry,
                 book,
                 ttft_budget_s=admission.ttft_target_s,
                 refused=lambda reason: self.metrics.refused.labels(reason).inc(),
+                prefix=self.prefix,
             )
             entries = self.registry.entries
             self.metrics.registry.register(
                 ModelCollector(book, lambda name: decoding_on(entries[name]))
+            )
+        if self.prefix is not None:
+            entries = self.registry.entries
+            self.metrics.registry.register(
+                PrefixCollector(self.prefix, lambda: list(entries.values()))
             )
         self.admission = Admission(
             self.scheduler,
@@ -222,3 +232,18 @@ class Router:
 
 def _profiled(entry: EngineEntry) -> bool:
     return entry.model is not None and entry.model.profiled
+
+
+def _prefix_cache(config: Config) -> PrefixCache | None:
+    """The engines' prefix indexes, for `fleet.policy: cache_aware` only."""
+    if config.fleet.policy != "cache_aware":
+        return None
+    settings = config.fleet.prefix_index
+    return PrefixCache(
+        [e.name for e in config.engines],
+        block_chars=settings.block_chars,
+        max_blocks=settings.max_blocks,
+        accuracy=AccuracyPolicy(
+            threshold=settings.drift_threshold, forget_after_s=settings.forget_after_s
+        ),
+    )

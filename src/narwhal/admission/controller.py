@@ -208,7 +208,7 @@ class Admission:
         self.prefill_in_use += 1
         first = plan.first.load
         first.prefilling += 1
-        first.prefill_tokens += ticket.request.prompt_tokens
+        first.prefill_tokens += ticket.request.prompt_tokens - plan.cached_tokens
         plan.decode.load.decode_bound += 1
         if self.listener is not None:
             self.listener.placed(ticket, plan, now)
@@ -220,7 +220,7 @@ class Admission:
         ticket.prefill_released = True
         first = plan.first.load
         first.prefilling -= 1
-        first.prefill_tokens -= ticket.request.prompt_tokens
+        first.prefill_tokens -= ticket.request.prompt_tokens - plan.cached_tokens
 
     def _release(self, ticket: Ticket, now: float) -> bool:
         """Give back the ticket's placement, if it holds one; True when it did."""

@@ -8,8 +8,10 @@ engine with the best decode engine. For each it projects (`scheduler.predictive`
     TTFT = wait in Narwhal's queue + prefill backlog on the engine + this prompt's prefill
            (+ KV transfer and the decode engine's first step, for a P/D pair)
 
-and compares the projection, as projections have been turning out (`ModelBook.upper`:
-the 99th-percentile ratio of measured to projected), with what is left of the budget:
+(with cache-aware placement, each engine's prefill counts only the prompt tokens it
+would not find in its prefix cache) and compares the projection, as projections have
+been turning out (`ModelBook.upper`: the 99th-percentile ratio of measured to
+projected), with what is left of the budget:
 
 1. If even the fastest path's prefill of the prompt alone, with nothing ahead, does not
    fit `admission.ttft_target_s` → 429 `prompt_exceeds_ttft_budget` (shorten the prompt
@@ -33,8 +35,8 @@ from dataclasses import dataclass
 
 from narwhal.errors import PromptExceedsTtftBudget, TtftBudgetExceeded
 from narwhal.models.book import ModelBook
-from narwhal.scheduler.placement import PlacementRequest
-from narwhal.scheduler.predictive import prefill_part
+from narwhal.scheduler.placement import CachedTokens, PlacementRequest
+from narwhal.scheduler.predictive import prefill_part, uncached_tokens
 from narwhal.scheduler.registry import EngineEntry, EngineRegistry
 
 
@@ -54,9 +56,11 @@ class PredictiveCheck:
         *,
         ttft_budget_s: float,
         refused: Callable[[str], None] | None = None,
+        prefix: CachedTokens | None = None,
     ) -> None:
         self._registry = registry
         self._book = book
+        self._prefix = prefix
         self.budget = ttft_budget_s
         self._refused = refused
 
@@ -66,7 +70,7 @@ class PredictiveCheck:
         prefills = registry.candidates("prefill")
         decodes = registry.candidates("decode")
         if prefills and decodes:
-            first = _best(prefills, request.prompt_tokens, now)
+            first = self._best(prefills, request, now)
             # The decode half adds its KV transfer and first step; the fastest one counts.
             step = min(
                 (e.model.first_step(request.prompt_tokens) for e in decodes if e.model),
@@ -77,7 +81,7 @@ class PredictiveCheck:
             raw, solo, mean = first[0] + step, first[1] + step, first[2]
             paths = len(prefills)
         else:
-            both = _best(registry.candidates("both"), request.prompt_tokens, now)
+            both = self._best(registry.candidates("both"), request, now)
             if both is None:
                 return None
             raw, solo, mean = both
@@ -120,23 +124,24 @@ class PredictiveCheck:
         if self._refused is not None:
             self._refused(reason)
 
-
-def _best(
-    entries: list[EngineEntry], prompt_tokens: int, now: float
-) -> tuple[float, float, float] | None:
-    """(best projected prefill part, fastest prefill alone, mean prefill alone)."""
-    best = solo = math.inf
-    total = 0.0
-    count = 0
-    for entry in entries:
-        model = entry.model
-        if model is None:
-            continue
-        best = min(best, prefill_part(entry, model, prompt_tokens, now))
-        alone = model.solo(prompt_tokens)
-        solo = min(solo, alone)
-        total += alone
-        count += 1
-    if not count:
-        return None
-    return best, solo, total / count
+    def _best(
+        self, entries: list[EngineEntry], request: PlacementRequest, now: float
+    ) -> tuple[float, float, float] | None:
+        """(best projected prefill part, fastest prefill alone, mean prefill alone), each
+        engine pricing only what it would not find in its prefix cache."""
+        best = solo = math.inf
+        total = 0.0
+        count = 0
+        for entry in entries:
+            model = entry.model
+            if model is None:
+                continue
+            tokens = uncached_tokens(self._prefix, entry, request)
+            best = min(best, prefill_part(entry, model, tokens, now))
+            alone = model.solo(tokens)
+            solo = min(solo, alone)
+            total += alone
+            count += 1
+        if not count:
+            return None
+        return best, solo, total / count

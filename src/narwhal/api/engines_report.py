@@ -54,7 +54,16 @@ class EngineReport:
                 **_model_scores(entry, now),
             },
             "monitoring": self.monitor.report(engine.name, now) if self.monitor else None,
+            "prefix_cache": self._prefix_cache(entry),
         }
+
+    def _prefix_cache(self, entry: EngineEntry) -> dict[str, Any] | None:
+        """The engine's prefix index beside the engine's own hit ratio (cache_aware)."""
+        prefix = self._scheduler.prefix
+        if prefix is None:
+            return None
+        prefix.follow(entry)
+        return prefix.report(entry.name)
 
 
 def _profile(entry: EngineEntry, now: float) -> dict[str, Any] | None:

@@ -36,8 +36,10 @@ class PlacementLearning:
     def placed(self, ticket: Ticket, plan: Plan, now: float) -> None:
         first = plan.first
         if first.model is not None:
+            # The engine prefills what it does not find cached: that is its work, and
+            # what its prefill time is learnt against.
             first.model.prefill_placed(
-                ticket, ticket.request.prompt_tokens, decoding_on(first), now
+                ticket, ticket.request.prompt_tokens - plan.cached_tokens, decoding_on(first), now
             )
 
     def prefill_answered(self, ticket: Ticket, plan: Plan, now: float) -> None:

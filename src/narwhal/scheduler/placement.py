@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Literal, Protocol, TypeVar
 from narwhal.protocol.requests import Route
 
 if TYPE_CHECKING:
+    from narwhal.scheduler.prefix_index import PromptBlocks
     from narwhal.scheduler.registry import EngineEntry
 
 Phase = Literal["both", "prefill", "decode"]
@@ -35,6 +36,7 @@ class PlacementRequest:
     max_tokens: int | None  # the client's output cap, when it set one
     predicted_output: float  # output tokens expected (learned), within the cap
     ttft_due: float | None = None  # monotonic time the first token is due (predictive)
+    prefix: PromptBlocks | None = None  # its prompt's blocks (cache-aware placement)
 
     @classmethod
     def sized(
@@ -67,6 +69,12 @@ class EngineLoad:
         return max(self.prefilling, self.decode_bound)
 
 
+class CachedTokens(Protocol):
+    def cached_tokens(self, entry: EngineEntry, request: PlacementRequest) -> int:
+        """The request's prompt tokens the engine would find in its prefix cache."""
+        ...
+
+
 class Scorer(Protocol):
     def cost(self, entry: EngineEntry, request: PlacementRequest, phase: Phase) -> float:
         """Lower is better; compared only between engines of one phase."""
@@ -80,10 +88,18 @@ class InFlightScorer:
     Narwhal's count is exact and current; the engine's scrape is up to one probe interval
     old but sees work from other routers and requests the engine queued itself. Taking the
     larger of the two running counts uses whichever knows more.
+
+    With a prefix cache (`fleet.policy: cache_aware` without predictive admission, so
+    without models to price it in seconds), the prompt tokens the engine would find
+    cached are prefill work it is spared, in the same unit: a long cached prefix
+    outweighs a few more requests running there, not a queue of them.
     """
 
-    def __init__(self, prompt_tokens_per_request: float = 1024.0) -> None:
+    def __init__(
+        self, prompt_tokens_per_request: float = 1024.0, prefix: CachedTokens | None = None
+    ) -> None:
         self._unit = prompt_tokens_per_request
+        self._prefix = prefix
 
     def cost(self, entry: EngineEntry, request: PlacementRequest, phase: Phase) -> float:
         load = entry.load
@@ -93,7 +109,10 @@ class InFlightScorer:
         if scrape is not None:
             running = max(running, scrape.running or 0.0)
             waiting = scrape.waiting or 0.0
-        return running + waiting + load.prefill_tokens / self._unit
+        cost = running + waiting + load.prefill_tokens / self._unit
+        if self._prefix is not None and phase != "decode":
+            cost -= self._prefix.cached_tokens(entry, request) / self._unit
+        return cost
 
 
 T = TypeVar("T")

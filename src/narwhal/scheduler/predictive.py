@@ -3,7 +3,8 @@
 For one request on one placement, in seconds from now:
 
     prefill part  = the steps until the engine has prefilled this prompt, the work ahead
-                    of it included (`narwhal.models.lane`)
+                    of it included (`narwhal.models.lane`); with cache-aware placement
+                    only the tokens it would not find in its prefix cache
     decode part   = (P/D) the decode engine's KV transfer and first step
     TTFT          = prefill part + decode part
     decode work   = expected output tokens x the decode engine's TPOT for the batch it
@@ -25,7 +26,7 @@ from typing import Final
 
 from narwhal.models.book import ModelBook
 from narwhal.models.engine import EngineModel
-from narwhal.scheduler.placement import Phase, PlacementRequest
+from narwhal.scheduler.placement import CachedTokens, Phase, PlacementRequest
 from narwhal.scheduler.registry import EngineEntry
 
 _INFEASIBLE: Final = 1e3  # added to the cost of a placement that would miss the budget
@@ -54,6 +55,16 @@ def prefill_part(entry: EngineEntry, model: EngineModel, prompt_tokens: int, now
     return model.ttft(prompt_tokens, decoding_on(entry), now, sequences, kv_usage)
 
 
+def uncached_tokens(
+    prefix: CachedTokens | None, entry: EngineEntry, request: PlacementRequest
+) -> int:
+    """The prompt tokens the engine would have to prefill: those it would not find in its
+    prefix cache (all of them without cache-aware placement)."""
+    if prefix is None or request.prefix is None:
+        return request.prompt_tokens
+    return request.prompt_tokens - prefix.cached_tokens(entry, request)
+
+
 def _engine_running(entry: EngineEntry) -> int:
     """Requests the engine's metrics say it runs (another router's included)."""
     scrape = entry.scrape
@@ -78,10 +89,12 @@ class ProjectingScorer:
         book: ModelBook,
         *,
         tpot_target_s: float | None = None,
+        prefix: CachedTokens | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._book = book
         self._tpot_target = tpot_target_s
+        self._prefix = prefix
         self._clock = clock
 
     def cost(self, entry: EngineEntry, request: PlacementRequest, phase: Phase) -> float:
@@ -91,7 +104,7 @@ class ProjectingScorer:
         now = self._clock()
         cost = 0.0
         if phase != "decode":
-            ttft = prefill_part(entry, model, request.prompt_tokens, now)
+            ttft = prefill_part(entry, model, uncached_tokens(self._prefix, entry, request), now)
             cost += ttft
             due = request.ttft_due
             if due is not None and self._book.upper(ttft) > due - now:

@@ -6,6 +6,10 @@ serves the whole request. Within a phase the cheapest eligible engine by the sco
 ties broken at random; engines at their own phase limit are skipped, and when every
 eligible engine is at its limit the request must wait (`NoCapacity`).
 
+With a prefix cache (`fleet.policy: cache_aware`), the scorers price only the prompt
+tokens an engine would not find cached (`prefix_cache`), and the plan says how many it
+would: admission counts the rest as that engine's prefill work.
+
 Per-engine limits (`engines[].phase_concurrency`): `prefill` caps the requests in
 prefill on the engine; `decode` caps the requests that will decode there, counted from
 their placement (a request in prefill holds its decode place already, as the global
@@ -19,6 +23,7 @@ from collections.abc import Collection
 from dataclasses import dataclass
 
 from narwhal.scheduler.placement import InFlightScorer, Phase, PlacementRequest, Scorer, cheapest
+from narwhal.scheduler.prefix_cache import PrefixCache
 from narwhal.scheduler.registry import EngineEntry, EngineRegistry
 
 
@@ -28,6 +33,9 @@ class Plan:
 
     decode: EngineEntry
     prefill: EngineEntry | None = None
+    # Of the prompt, the tokens the first engine is expected to find in its prefix cache
+    # (cache-aware placement): its prefill work is the rest.
+    cached_tokens: int = 0
 
     @property
     def first(self) -> EngineEntry:
@@ -53,9 +61,11 @@ class Scheduler:
         rng: random.Random | None = None,
         *,
         round_robin: bool = False,
+        prefix: PrefixCache | None = None,
     ) -> None:
         self.registry = registry
-        self.scorer: Scorer = scorer or InFlightScorer()
+        self.prefix = prefix
+        self.scorer: Scorer = scorer or InFlightScorer(prefix=prefix)
         self._rng = rng or random.Random()
         self._round_robin = round_robin
         self._turn: dict[Phase, int] = {}
@@ -78,7 +88,8 @@ class Scheduler:
 
     def plan(self, request: PlacementRequest, exclude: Collection[str] = ()) -> Plan | None:
         """A placement avoiding the engines in `exclude` (they failed this request);
-        None when no eligible engine is left, NoCapacity when all are at their limits."""
+        None when no eligible engine is left, NoCapacity when all are at their limits.
+        A plan returned is taken: the prefix index records the prompt on its first engine."""
         registry = self.registry
         prefills = registry.candidates("prefill")
         decodes = registry.candidates("decode")
@@ -86,12 +97,23 @@ class Scheduler:
             prefill = self._pick(prefills, "prefill", request, exclude)
             decode = self._pick(decodes, "decode", request, exclude)
             if prefill is not None and decode is not None:
-                return Plan(decode=decode, prefill=prefill)
+                return self._taken(request, decode, prefill)
         boths = registry.candidates("both")
         if not boths:
             return None
         engine = self._pick(boths, "both", request, exclude)
-        return None if engine is None else Plan(decode=engine)
+        return None if engine is None else self._taken(request, engine)
+
+    def _taken(
+        self, request: PlacementRequest, decode: EngineEntry, prefill: EngineEntry | None = None
+    ) -> Plan:
+        prefix = self.prefix
+        if prefix is None or request.prefix is None:
+            return Plan(decode=decode, prefill=prefill)
+        first = prefill or decode
+        cached = prefix.cached_tokens(first, request)
+        prefix.placed(first, request, cached)
+        return Plan(decode=decode, prefill=prefill, cached_tokens=cached)
 
     def _pick(
         self,
