@@ -90,10 +90,12 @@ def test_the_engine_holding_the_prefix_is_priced_for_the_rest_of_the_prompt_only
     ("e0_backlog_s", "winner"),
     [
         (0.0, "e0"),
-        # The cold engine prefills 8,000 tokens: 0.41 s. The cached one prefills about
-        # 200 (0.02 s) behind its backlog: it wins while the backlog is under ~0.39 s.
+        # The cold engine prefills 8,000 tokens: 0.41 s, and adds that work to its queue.
+        # The cached one prefills a few blocks (0.01 s) behind its backlog: it wins while
+        # the backlog is worth less than twice the prefill it saves, about 0.8 s.
         (0.3, "e0"),
-        (0.5, "e1"),
+        (0.7, "e0"),
+        (0.9, "e1"),
         (2.0, "e1"),
     ],
 )
@@ -233,3 +235,19 @@ def test_memory_is_bounded_by_the_configured_cap_whatever_the_engine_reports() -
         prefix.placed(entry, placement(prefix, body), 0)
     assert prefix.engines["e0"].index.capacity == 100
     assert len(prefix.engines["e0"].index) == 100
+
+
+def test_a_busier_decode_batch_does_not_pull_a_conversation_off_its_history() -> None:
+    # Cache-aware placement goes by projected TTFT: e0 streams a little slower with 40
+    # sequences decoding, but its first token comes far sooner for this conversation.
+    registry, book = registry_of()
+    prefix = cache_of(registry)
+    scheduler = Scheduler(registry, ProjectingScorer(book, prefix=prefix), prefix=prefix)
+    warm(prefix, registry, "e0", FIRST_TURN)
+    registry.entries["e0"].load.decoding = 40
+    registry.entries["e0"].load.decode_bound = 40
+    plan = scheduler.plan(placement(prefix, SECOND_TURN))
+    assert plan is not None and plan.decode.name == "e0"
+    # Placement by load (no prefix cache) weighs the slower decoding and goes to e1.
+    plan = Scheduler(registry, ProjectingScorer(book)).plan(placement(prefix, SECOND_TURN))
+    assert plan is not None and plan.decode.name == "e1"

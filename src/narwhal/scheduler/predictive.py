@@ -11,7 +11,8 @@ For one request on one placement, in seconds from now:
                     will decode in (requests there counted for as long as they are
                     expected to go on: decode correction)
 
-`ProjectingScorer` is placement's cost in predictive mode: TTFT plus the decode work,
+`ProjectingScorer` is placement's cost in predictive mode: TTFT plus the decode work
+(with cache-aware placement, plus the prefill work the placement adds there),
 so an engine that would stream slowly is chosen only when it makes up for it in first
 token; an engine whose TTFT would not fit the request's budget costs far more than any
 that would; a drifting engine's cost is scaled up by its drift penalty, and one whose
@@ -104,11 +105,25 @@ class ProjectingScorer:
         now = self._clock()
         cost = 0.0
         if phase != "decode":
-            ttft = prefill_part(entry, model, uncached_tokens(self._prefix, entry, request), now)
+            tokens = uncached_tokens(self._prefix, entry, request)
+            ttft = prefill_part(entry, model, tokens, now)
             cost += ttft
+            if self._prefix is not None:
+                # The prefill placed here delays every request that queues behind it:
+                # recomputing a prefix that another engine holds spends the fleet's
+                # capacity, which this request's own TTFT does not show. So the work
+                # added counts once more, and a conversation leaves the engine holding its
+                # history only for a backlog worth twice the prefill it would save.
+                cost += model.solo(tokens)
             due = request.ttft_due
             if due is not None and self._book.upper(ttft) > due - now:
                 cost += _INFEASIBLE
+        if phase == "both" and self._prefix is not None:
+            # Cache-aware: the best projected TTFT wins (with the work it adds). The
+            # expected decode time would pull a conversation off the engine holding its
+            # history whenever another decodes a few milliseconds a token faster; TPOT
+            # counts only past admission.tpot_target_s.
+            return cost * self._tpot_penalty(entry, model, now) * model.penalty
         if phase != "prefill":
             if phase == "decode":
                 cost += model.first_step(request.prompt_tokens)
