@@ -30,10 +30,11 @@ from narwhal.admission.gate import AdmissionGate
 from narwhal.admission.predictive import PredictiveCheck
 from narwhal.api.admin import AdminRoutes
 from narwhal.api.app import build_app
+from narwhal.api.auth import BearerTokens
 from narwhal.api.completions import CompletionFront
 from narwhal.api.engines_report import EngineReport
 from narwhal.api.ops import OpsRoutes
-from narwhal.config import Config
+from narwhal.config import Config, resolve_secrets
 from narwhal.dispatch import Dispatcher
 from narwhal.engines.client import EngineClient
 from narwhal.engines.profiling import Profiler
@@ -60,7 +61,9 @@ PROFILE_WAIT_S = 10.0
 
 class Router:
     def __init__(self, config: Config) -> None:
-        self.config = config
+        # Secrets named by `_env`/`_file` keys are read here if the caller has not (ConfigError
+        # when one cannot be): every component below sees them inline.
+        config = self.config = resolve_secrets(config, os.environ)
         self.metrics = RouterMetrics()
         ha = config.ha.backend == "etcd"
         # With HA, refuse from the first instant: leadership is proven, never assumed.
@@ -129,9 +132,14 @@ class Router:
             prompt_counted=self.sizer.observe_engine_prompt_tokens,
         )
         self.report = EngineReport(self.registry, self.scheduler)
-        front = CompletionFront(config, self.metrics, self.dispatcher, self.sizer, self.state)
-        ops = OpsRoutes(config.model, self.metrics, self.dispatcher, self.state)
-        self.app: web.Application = build_app(front, ops, config.serving.max_request_bytes)
+        api_keys = BearerTokens(config.serving.api_keys)
+        front = CompletionFront(
+            config, self.metrics, self.dispatcher, self.sizer, self.state, api_keys
+        )
+        ops = OpsRoutes(config.model, self.metrics, self.dispatcher, self.state, api_keys)
+        self.app: web.Application = build_app(
+            front, ops, config.serving.max_request_bytes, api_keys
+        )
         self.operator = OperatorState(self.registry, self.dispatcher.capacity_changed)
         AdminRoutes(self.operator, self.report, config.serving.admin_token).add_to(self.app)
         self.app.on_startup.append(self._on_startup)
