@@ -384,7 +384,7 @@ class Dispatcher:
                             self._clients[plan.prefill.name],
                             request,
                             request_id=context.request_id,
-                            authorization=context.authorization,
+                            client_authorization=context.authorization,
                         )
                         self.gate.prefill_answered(ticket)
                         working = plan.decode
@@ -392,7 +392,7 @@ class Dispatcher:
                         request.route,
                         body,
                         request_id=context.request_id,
-                        authorization=context.authorization,
+                        client_authorization=context.authorization,
                     )
                     limit = self._config.max_event_bytes
                     if request.stream:

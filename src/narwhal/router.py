@@ -114,7 +114,12 @@ class Router:
             self.admission, self.metrics, wait_timeout_s=admission.wait_timeout_s
         )
         self.pool = UpstreamPool(connect_timeout=5.0, idle_timeout=30.0)
-        self.clients = {e.name: EngineClient(e, self.pool) for e in config.engines}
+        self.clients = {
+            e.name: EngineClient(
+                e, self.pool, forward_client_authorization=config.forwards_client_authorization(e)
+            )
+            for e in config.engines
+        }
         # Engines' tokenize endpoints size prompts only where the count decides something.
         self.sizer = WorkloadSizer(
             load_sizer(config.tokenizer), use_engine=predictive and config.tokenizer is None
@@ -220,7 +225,12 @@ class Router:
         """Engines that may count a prompt: healthy ones (placeability aside); the
         tokenizer itself skips dialects without a tokenize endpoint."""
         return [
-            TokenizeCandidate(entry.name, entry.config.url.rstrip("/"), entry.config.dialect)
+            TokenizeCandidate(
+                entry.name,
+                entry.config.url.rstrip("/"),
+                entry.config.dialect,
+                entry.config.authorization,
+            )
             for entry in self.registry.entries.values()
             if entry.health is not None and entry.health.healthy
         ]
