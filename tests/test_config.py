@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from narwhal.config import ConfigError, parse_config
+from narwhal.config import ConfigError, parse_config, resolve_secrets
 
-MINIMAL = "model: m\nengines: []\n"
+MINIMAL = "model: m\nengines: [{name: e0, url: 'http://127.0.0.1:8100'}]\n"
 
 
 def test_defaults_for_every_optional_key() -> None:
@@ -194,3 +194,265 @@ def test_check_config_shows_the_limits_it_derived(tmp_path: Path) -> None:
     assert (fleet["max_event_bytes"], fleet["max_response_bytes"]) == (16 << 20, 64 << 20)
     reread = parse_config(result.stdout)  # the printed configuration means the same
     assert (reread.max_event_bytes, reread.max_response_bytes) == (16 << 20, 64 << 20)
+
+
+# --- every problem at once ------------------------------------------------------------------
+
+
+def _problems(text: str) -> tuple[str, ...]:
+    with pytest.raises(ConfigError) as info:
+        parse_config(text)
+    return info.value.problems
+
+
+def test_every_problem_in_the_file_is_reported_not_only_the_first() -> None:
+    problems = _problems(
+        "model: m\n"
+        "engines:\n"
+        "  - {name: a, url: 'http://h:1', wave: one}\n"
+        "  - {name: b, url: 'ftp://h:2', colour: red}\n"
+        "serving: {port: x}\n"
+        "admission: {queue_limit: -1, mode: closed}\n"
+        "fleet: {probe_interval_s: 2, stale_after_s: 1}\n"
+        "extra: 1\n"
+    )
+    assert problems == (
+        'engines.0.wave: expected int >= 0 or null, got "one"',
+        "engines.1.colour: unknown key (expected one of: " + ", ".join(ENGINE_KEYS) + ")",
+        'serving.port: expected int >= 0 and <= 65535, got "x"',
+        "admission.queue_limit: expected int >= 0, got -1",
+        'admission.mode: expected one of "open", "predictive", got "closed"',
+        "extra: unknown key (expected one of: " + ", ".join(CONFIG_KEYS) + ")",
+        "fleet.stale_after_s: must be at least fleet.probe_interval_s (2.0), got 1.0",
+    )
+
+
+ENGINE_KEYS = [
+    "name", "url", "dialect", "role", "wave", "phase_concurrency", "max_num_batched_tokens",
+    "max_num_seqs", "api_key", "api_key_env", "api_key_file", "forward_client_authorization",
+]  # fmt: skip
+CONFIG_KEYS = ["model", "engines", "serving", "admission", "tokenizer", "fleet", "ha"]
+
+
+def test_a_section_with_a_type_error_still_gets_the_other_sections_checked() -> None:
+    """The checks of a badly typed section wait for it to be typed right; the others run."""
+    problems = _problems(
+        "model: m\n"
+        "engines: [{name: a, url: 'http://h:1'}, {name: a, url: 'http://h:2'}]\n"
+        "fleet: {probe_interval_s: 2, stale_after_s: 1, max_attempts: zero}\n"
+        "ha: {backend: etcd}\n"
+    )
+    assert problems == (
+        'fleet.max_attempts: expected int >= 1, got "zero"',
+        "ha.endpoints: required when ha.backend is etcd",
+        'engines.1.name: duplicate engine name "a" (engines.0, a, has it)',
+    )
+
+
+@pytest.mark.parametrize(
+    ("engines", "problem"),
+    [
+        ("[]", "engines: at least one engine is required"),
+        (
+            "[{name: a, url: 'http://h:1'}, {name: a, url: 'http://h:2'}]",
+            'engines.1.name: duplicate engine name "a" (engines.0, a, has it)',
+        ),
+        # One engine however its URL is written: case, default port, trailing slash.
+        (
+            "[{name: a, url: 'http://h:80'}, {name: b, url: 'HTTP://H/'}]",
+            'engines.1.url: duplicate engine url "HTTP://H/" (engines.0, a, has it)',
+        ),
+        (
+            "[{name: a, url: 'https://h'}, {name: b, url: 'https://h:443'}]",
+            'engines.1.url: duplicate engine url "https://h:443" (engines.0, a, has it)',
+        ),
+    ],
+)
+def test_an_empty_fleet_and_duplicate_engines_are_refused(engines: str, problem: str) -> None:
+    assert _problems(f"model: m\nengines: {engines}\n") == (problem,)
+
+
+def test_the_same_host_on_other_ports_or_paths_is_other_engines() -> None:
+    config = parse_config(
+        "model: m\nengines:\n"
+        "  - {name: a, url: 'http://h:1'}\n"
+        "  - {name: b, url: 'http://h:2'}\n"
+        "  - {name: c, url: 'http://h:1/other'}\n"
+    )
+    assert [e.name for e in config.engines] == ["a", "b", "c"]
+
+
+@pytest.mark.parametrize(
+    ("serving", "problem"),
+    [
+        (
+            "{admin_token: a, admin_token_env: B}",
+            "serving.admin_token_env: give only one of admin_token, admin_token_env",
+        ),
+        (
+            "{admin_token_env: B, admin_token_file: /c}",
+            "serving.admin_token_file: give only one of admin_token_env, admin_token_file",
+        ),
+        (
+            "{admin_token: 'two words'}",
+            "serving.admin_token: must be printable ASCII without spaces",
+        ),
+        ("{api_keys: [ok, 'bad key']}", "serving.api_keys.1: must be printable ASCII"),
+        ("{api_keys: ['']}", "serving.api_keys.0: expected string of at least 1 chars"),
+        ("{tls_cert: /c.pem}", "serving.tls_key: required with serving.tls_cert (HTTPS)"),
+        ("{tls_key: /k.pem}", "serving.tls_cert: required with serving.tls_key (HTTPS)"),
+    ],
+)
+def test_secret_and_tls_keys_are_checked(serving: str, problem: str) -> None:
+    (found,) = _problems(MINIMAL + f"serving: {serving}\n")
+    assert found.startswith(problem), found
+
+
+def test_an_engine_key_has_one_source() -> None:
+    (found,) = _problems(
+        "model: m\nengines: [{name: a, url: 'http://h:1', api_key: k, api_key_file: /f}]\n"
+    )
+    assert found == "engines.0.api_key_file: give only one of api_key, api_key_file"
+
+
+# --- secrets named by the configuration ------------------------------------------------------
+
+
+def test_secrets_are_read_from_environment_variables_and_files(tmp_path: Path) -> None:
+    (tmp_path / "admin").write_text("admin-from-file\n")  # as `echo` leaves it
+    (tmp_path / "keys").write_text("# client keys\nkey-one\n\n  key-two  \nkey-one\n")
+    config = resolve_secrets(
+        parse_config(
+            "model: m\n"
+            "engines:\n"
+            "  - {name: a, url: 'http://h:1', api_key_env: ENGINE_A_KEY}\n"
+            f"  - {{name: b, url: 'http://h:2', api_key_file: {tmp_path / 'admin'}}}\n"
+            "  - {name: c, url: 'http://h:3', api_key: inline-key}\n"
+            "  - {name: d, url: 'http://h:4'}\n"
+            f"serving: {{admin_token_file: {tmp_path / 'admin'}, api_keys: [inline],"
+            f" api_keys_file: {tmp_path / 'keys'}}}\n"
+        ),
+        {"ENGINE_A_KEY": "from-env"},
+    )
+    assert config.serving.admin_token == "admin-from-file"
+    assert config.serving.api_keys == ("inline", "key-one", "key-two")
+    keys = [e.api_key for e in config.engines]
+    assert keys == ["from-env", "admin-from-file", "inline-key", None]
+    assert [e.authorization for e in config.engines] == [
+        "Bearer from-env", "Bearer admin-from-file", "Bearer inline-key", None,
+    ]  # fmt: skip
+    # Read once: the sources are cleared, so resolving again changes nothing.
+    assert (config.serving.admin_token_file, config.engines[0].api_key_env) == (None, None)
+    assert resolve_secrets(config, {}) == config
+
+
+def test_every_secret_that_cannot_be_read_is_reported(tmp_path: Path) -> None:
+    (tmp_path / "empty").write_text("\n")
+    (tmp_path / "comments").write_text("# nothing but comments\n\n")
+    (tmp_path / "spaced").write_text("two words\n")
+    config = parse_config(
+        "model: m\n"
+        "engines:\n"
+        "  - {name: a, url: 'http://h:1', api_key_env: UNSET_KEY}\n"
+        "  - {name: b, url: 'http://h:2', api_key_env: EMPTY_KEY}\n"
+        f"  - {{name: c, url: 'http://h:3', api_key_file: {tmp_path / 'spaced'}}}\n"
+        f"serving: {{admin_token_file: {tmp_path / 'absent'},"
+        f" api_keys_file: {tmp_path / 'comments'}}}\n"
+    )
+    with pytest.raises(ConfigError) as info:
+        resolve_secrets(config, {"EMPTY_KEY": " "})
+    assert info.value.problems == (
+        f"serving.admin_token_file: cannot read {tmp_path / 'absent'}: No such file or directory",
+        f"serving.api_keys_file: {tmp_path / 'comments'} holds no keys",
+        "engines.0.api_key_env: environment variable UNSET_KEY is not set",
+        "engines.1.api_key_env: environment variable EMPTY_KEY is empty",
+        f"engines.2.api_key_file: the secret in {tmp_path / 'spaced'} must be printable ASCII"
+        " without spaces (it is sent as a bearer token)",
+    )
+    assert "two words" not in str(info.value)  # a secret is never quoted
+
+
+def test_forwarding_the_client_authorization_is_set_for_the_fleet_or_per_engine() -> None:
+    config = parse_config(
+        "model: m\n"
+        "engines:\n"
+        "  - {name: a, url: 'http://h:1'}\n"
+        "  - {name: b, url: 'http://h:2', forward_client_authorization: true}\n"
+    )
+    assert [config.forwards_client_authorization(e) for e in config.engines] == [False, True]
+    config = parse_config(
+        "model: m\n"
+        "engines:\n"
+        "  - {name: a, url: 'http://h:1'}\n"
+        "  - {name: b, url: 'http://h:2', forward_client_authorization: false}\n"
+        "fleet: {forward_client_authorization: true}\n"
+    )
+    assert [config.forwards_client_authorization(e) for e in config.engines] == [True, False]
+
+
+# --- check-config -----------------------------------------------------------------------------
+
+
+def test_check_config_lists_every_problem_one_a_line(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(
+        "model: m\n"
+        "engines: [{name: a, url: 'http://h:1'}, {name: a, url: 'http://h:1/'}]\n"
+        "admission: {queue_limit: ten, wait_timeout_s: 0}\n"
+    )
+    result = _check_config(bad)
+    assert result.returncode == 2
+    assert result.stdout == ""
+    assert result.stderr.splitlines() == [
+        'error: admission.queue_limit: expected int >= 0, got "ten"',
+        "error: admission.wait_timeout_s: expected number > 0, got 0",
+        'error: engines.1.name: duplicate engine name "a" (engines.0, a, has it)',
+        'error: engines.1.url: duplicate engine url "http://h:1/" (engines.0, a, has it)',
+    ]
+
+
+def test_check_config_reports_what_the_router_could_not_load(tmp_path: Path) -> None:
+    """Secrets, certificates and the tokenizer are checked as `narwhal serve` would load
+    them, every problem at once."""
+    (tmp_path / "cert.pem").write_text("not a certificate\n")
+    config = tmp_path / "c.yaml"
+    config.write_text(
+        "model: m\n"
+        "engines: [{name: a, url: 'http://h:1', api_key_env: NARWHAL_TEST_UNSET}]\n"
+        f"serving: {{admin_token_file: {tmp_path / 'absent'},"
+        f" tls_cert: {tmp_path / 'cert.pem'}, tls_key: {tmp_path / 'key.pem'}}}\n"
+        f"tokenizer: {tmp_path / 'tokenizer.json'}\n"
+    )
+    result = _check_config(config)
+    assert result.returncode == 2
+    assert result.stderr.splitlines() == [
+        f"error: serving.admin_token_file: cannot read {tmp_path / 'absent'}:"
+        " No such file or directory",
+        "error: engines.0.api_key_env: environment variable NARWHAL_TEST_UNSET is not set",
+        f"error: serving.tls_cert: {tmp_path / 'cert.pem'} holds no PEM certificate",
+        f"error: serving.tls_key: cannot read {tmp_path / 'key.pem'}: No such file or directory",
+        f"error: tokenizer: cannot read {tmp_path / 'tokenizer.json'}: No such file or directory",
+    ]
+
+
+def test_check_config_never_prints_a_secret(tmp_path: Path) -> None:
+    (tmp_path / "keys").write_text("file-key\n")
+    good = tmp_path / "secrets.yaml"
+    good.write_text(
+        "model: m\n"
+        "engines:\n"
+        "  - {name: a, url: 'http://h:1', api_key: engine-secret}\n"
+        "  - {name: b, url: 'http://h:2', api_key_env: HOME}\n"
+        f"serving: {{admin_token: admin-secret, api_keys: [client-secret],"
+        f" api_keys_file: {tmp_path / 'keys'}}}\n"
+    )
+    result = _check_config(good)
+    assert result.returncode == 0, result.stderr
+    for secret in ("engine-secret", "admin-secret", "client-secret", "file-key"):
+        assert secret not in result.stdout
+    effective = yaml.safe_load(result.stdout)
+    assert effective["serving"]["admin_token"] == "<redacted>"
+    assert effective["serving"]["api_keys"] == ["<redacted>"]
+    assert effective["serving"]["api_keys_file"] == str(tmp_path / "keys")  # where, not what
+    assert [e["api_key"] for e in effective["engines"]] == ["<redacted>", None]
+    assert effective["engines"][1]["api_key_env"] == "HOME"

@@ -2,13 +2,17 @@
 
 Every default is declared once, on its field. Unknown keys are errors, and every error
 names the key by its dotted path and says what was expected, for example
-`admission.queue_limit: expected int >= 0, got "ten"`. Only reading the file is I/O here.
+`admission.queue_limit: expected int >= 0, got "ten"`; a file is checked whole, and
+`ConfigError` holds every problem found (`schema.py` for types, `_check_*` below for what
+types cannot say). I/O here is reading the file and the secrets it names
+(`resolve_secrets`: environment variables and files, `credentials.py`).
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+import os
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
@@ -16,9 +20,11 @@ import msgspec
 import yaml
 from msgspec import Meta, Struct
 
+from narwhal.credentials import SecretError, from_env, from_file, key_list_from_file, secret_problem
 from narwhal.protocol.assembly import DEFAULT_MAX_RESPONSE_BYTES
 from narwhal.protocol.dialects import Dialect
 from narwhal.protocol.sse import DEFAULT_MAX_EVENT_BYTES
+from narwhal.schema import Path, Problem, type_problems
 
 NonNegativeInt = Annotated[int, Meta(ge=0)]
 PositiveInt = Annotated[int, Meta(ge=1)]
@@ -27,8 +33,10 @@ Port = Annotated[int, Meta(ge=0, le=65535)]
 # Below this an engine's ordinary events (a few hundred bytes, a usage chunk) would not fit.
 ByteLimit = Annotated[int, Meta(ge=4096)]
 Name = Annotated[str, Meta(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")]
+NonEmpty = Annotated[str, Meta(min_length=1)]
 
 Role = Literal["prefill", "decode", "both"]
+REDACTED = "<redacted>"
 
 
 class ServingConfig(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
@@ -37,7 +45,18 @@ class ServingConfig(Struct, frozen=True, forbid_unknown_fields=True, kw_only=Tru
     max_request_bytes: PositiveInt = 1_048_576
     max_retained: PositiveInt = 4096
     request_timeout_s: PositiveSeconds = 600.0
-    admin_token: str | None = None
+    # The bearer token of the admin routes: inline, or (to keep it out of the file) the
+    # name of an environment variable or a file holding it; at most one of the three.
+    admin_token: NonEmpty | None = None
+    admin_token_env: NonEmpty | None = None
+    admin_token_file: NonEmpty | None = None
+    # Client bearer tokens for /v1/*: these, plus a file's (one a line, `#` comments).
+    # None of either: no client authentication.
+    api_keys: tuple[NonEmpty, ...] = ()
+    api_keys_file: NonEmpty | None = None
+    # HTTPS to clients: a PEM certificate chain and its private key, both or neither.
+    tls_cert: NonEmpty | None = None
+    tls_key: NonEmpty | None = None
     # How long admitted requests may run on after SIGTERM before the router exits.
     drain_timeout_s: PositiveSeconds = 30.0
 
@@ -76,6 +95,19 @@ class EngineConfig(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True
     max_num_batched_tokens: Annotated[int, Meta(ge=16)] = 8192
     # Its sequence slots (vLLM --max-num-seqs): past them a prefill waits for a decode.
     max_num_seqs: PositiveInt = 256
+    # Sent as `Authorization: Bearer <key>` on every request to this engine (vLLM and
+    # SGLang --api-key): inline, or an environment variable's or a file's; at most one.
+    api_key: NonEmpty | None = None
+    api_key_env: NonEmpty | None = None
+    api_key_file: NonEmpty | None = None
+    # Null: `fleet.forward_client_authorization`.
+    forward_client_authorization: bool | None = None
+
+    @property
+    def authorization(self) -> str | None:
+        """The Authorization header of every request to this engine (None: it has no key;
+        `resolve_secrets` reads one given by `api_key_env` or `api_key_file`)."""
+        return None if self.api_key is None else f"Bearer {self.api_key}"
 
 
 class PrefixIndexConfig(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
@@ -112,6 +144,10 @@ class FleetConfig(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True)
     # What a non-streaming answer may be assembled from: its events' data, in bytes (it is
     # held whole until the end). Null: `Config.max_response_bytes`.
     max_response_bytes: ByteLimit | None = None
+    # Whether a client's own Authorization header goes to the engines with its request (in
+    # place of the engine's api_key): for engines that check per-user keys themselves.
+    # Probes always carry the engine's api_key. Per engine: engines[].forward_client_...
+    forward_client_authorization: bool = False
 
 
 class HAConfig(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
@@ -171,17 +207,37 @@ class Config(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
             return configured
         return max(DEFAULT_MAX_RESPONSE_BYTES, 2 * self.max_event_bytes)
 
+    def forwards_client_authorization(self, engine: EngineConfig) -> bool:
+        """Whether the client's Authorization header goes to `engine` with its request."""
+        own = engine.forward_client_authorization
+        return self.fleet.forward_client_authorization if own is None else own
+
 
 class ConfigError(ValueError):
-    """A configuration that cannot be used; str() names the key and the reason."""
+    """A configuration that cannot be used: `problems` holds every one found, each naming
+    its key and the reason (str() is one a line)."""
+
+    def __init__(self, *problems: str) -> None:
+        super().__init__("\n".join(problems))
+        self.problems: tuple[str, ...] = problems
 
 
-def load_config(path: str) -> Config:
+def load_config(path: str, environ: Mapping[str, str] | None = None) -> Config:
+    """The configuration in the file at `path`, with the secrets it names read (from
+    `environ`, by default this process's environment, and from their files)."""
+    return resolve_secrets(read_config(path), os.environ if environ is None else environ)
+
+
+def read_config(path: str) -> Config:
+    """The configuration in the file at `path` as written: secrets named by `_env` or
+    `_file` keys are not read yet (`resolve_secrets`)."""
     try:
         with open(path, encoding="utf-8") as f:
             text = f.read()
     except OSError as e:
         raise ConfigError(f"{path}: cannot read: {e.strerror}") from e
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{path}: not UTF-8 text: {e.reason} at byte {e.start}") from e
     return parse_config(text)
 
 
@@ -194,194 +250,243 @@ def parse_config(text: str) -> Config:
 
 
 def config_from_mapping(raw: object) -> Config:
+    """The typed tree, or ConfigError with every problem: wrong types first, then what
+    types cannot express (each section's checks run once that section is well typed, and
+    each engine's once that engine is)."""
     if not isinstance(raw, dict):
         raise ConfigError("the configuration must be a mapping of keys (model, engines, ...)")
-    try:
-        config = msgspec.convert(raw, Config, strict=True)
-    except msgspec.ValidationError as e:
-        raise ConfigError(_explain(e, raw)) from None
-    _check_combinations(config)
-    return config
+    problems = type_problems(raw, Config)
+    broken = {p.path[:1] for p in problems} | {p.path[:2] for p in problems}
+    for name, check in _SECTION_CHECKS.items():
+        if name in raw and (name,) not in broken:
+            section = msgspec.convert(raw[name], _FIELD_TYPES[name], strict=True)
+            problems += check(section)
+    engines = raw.get("engines")
+    if isinstance(engines, list):
+        typed = [
+            (i, msgspec.convert(item, EngineConfig, strict=True))
+            for i, item in enumerate(engines)
+            if ("engines", i) not in broken
+        ]
+        problems += _check_engines(typed, whole=("engines",) not in broken)
+    if problems:
+        raise ConfigError(*(str(p) for p in problems))
+    return msgspec.convert(raw, Config, strict=True)
 
 
 def config_to_builtins(config: Config) -> dict[str, Any]:
     """The configuration as plain data, with the defaults derived from other keys resolved
-    (what the router will use, not null)."""
+    (what the router will use, not null) and every secret written in it shown as
+    "<redacted>" (the `_env` and `_file` keys that name the others are shown as they are)."""
     result: dict[str, Any] = msgspec.to_builtins(config)
     result["fleet"]["max_event_bytes"] = config.max_event_bytes
     result["fleet"]["max_response_bytes"] = config.max_response_bytes
     if config.ha.backend == "etcd":
         result["ha"]["renew_interval_s"] = config.ha.renew_interval
         result["ha"]["fence_margin_s"] = config.ha.margin
+    serving = result["serving"]
+    if serving["admin_token"] is not None:
+        serving["admin_token"] = REDACTED
+    serving["api_keys"] = [REDACTED for _ in serving["api_keys"]]
+    for engine in result["engines"]:
+        if engine["api_key"] is not None:
+            engine["api_key"] = REDACTED
     return result
 
 
-def _check_combinations(config: Config) -> None:
-    """Refuse what types cannot express: duplicate names, bad URLs, a half PD fleet."""
-    seen: set[str] = set()
-    for i, engine in enumerate(config.engines):
-        if engine.name in seen:
-            raise ConfigError(f"engines.{i}.name: duplicate engine name {json.dumps(engine.name)}")
-        seen.add(engine.name)
+# --- what types cannot express ---------------------------------------------------------------
+
+
+def _check_serving(serving: ServingConfig) -> list[Problem]:
+    path: Path = ("serving",)
+    problems = _one_source(path, "admin_token", serving)
+    if serving.admin_token is not None:
+        problems += _secret_problems((*path, "admin_token"), serving.admin_token)
+    for i, key in enumerate(serving.api_keys):
+        problems += _secret_problems((*path, "api_keys", i), key)
+    if serving.tls_cert is not None and serving.tls_key is None:
+        problems.append(Problem((*path, "tls_key"), "required with serving.tls_cert (HTTPS)"))
+    if serving.tls_key is not None and serving.tls_cert is None:
+        problems.append(Problem((*path, "tls_cert"), "required with serving.tls_key (HTTPS)"))
+    return problems
+
+
+def _check_engines(engines: Sequence[tuple[int, EngineConfig]], *, whole: bool) -> list[Problem]:
+    """Each well-typed engine's own checks, and names and URLs unique among them; with the
+    `whole` list well typed, the fleet's too: at least one engine, and a disaggregated
+    fleet with both halves."""
+    problems: list[Problem] = []
+    for i, engine in engines:
+        path: Path = ("engines", i)
         url = urlsplit(engine.url)
         if url.scheme not in ("http", "https") or not url.hostname:
-            raise ConfigError(
-                f"engines.{i}.url: expected an http:// or https:// URL, "
-                f"got {json.dumps(engine.url)}"
+            problems.append(
+                Problem(
+                    (*path, "url"),
+                    f"expected an http:// or https:// URL, got {json.dumps(engine.url)}",
+                )
             )
-    roles = {engine.role for engine in config.engines}
+        problems += _one_source(path, "api_key", engine)
+        if engine.api_key is not None:
+            problems += _secret_problems((*path, "api_key"), engine.api_key)
+    problems += _duplicates(engines, "name", lambda e: e.name)
+    problems += _duplicates(engines, "url", _engine_address)
+    if not whole:
+        return problems
+    if not engines:
+        problems.append(Problem(("engines",), "at least one engine is required"))
+    roles = {engine.role for _, engine in engines}
     if "prefill" in roles and "decode" not in roles:
-        raise ConfigError("engines: prefill engines need at least one decode engine")
+        problems.append(Problem(("engines",), "prefill engines need at least one decode engine"))
     if "decode" in roles and "prefill" not in roles:
-        raise ConfigError("engines: decode engines need at least one prefill engine")
-    if config.fleet.stale_after_s < config.fleet.probe_interval_s:
-        raise ConfigError(
-            "fleet.stale_after_s: must be at least fleet.probe_interval_s "
-            f"({config.fleet.probe_interval_s}), got {config.fleet.stale_after_s}"
-        )
-    _check_ha(config.ha)
+        problems.append(Problem(("engines",), "decode engines need at least one prefill engine"))
+    return problems
 
 
-def _check_ha(ha: HAConfig) -> None:
-    if ha.backend != "etcd":
-        return
-    if not ha.endpoints:
-        raise ConfigError("ha.endpoints: required when ha.backend is etcd")
-    for i, endpoint in enumerate(ha.endpoints):
-        url = urlsplit(endpoint)
-        if url.scheme not in ("http", "https") or not url.hostname:
-            raise ConfigError(
-                f"ha.endpoints.{i}: expected an http:// or https:// URL of an etcd client "
-                f"port, got {json.dumps(endpoint)}"
+def _duplicates(
+    engines: Iterable[tuple[int, EngineConfig]], key: str, identity: Callable[[EngineConfig], str]
+) -> list[Problem]:
+    """Engines after the first with the same `identity` (its `key` shown)."""
+    first: dict[str, tuple[int, EngineConfig]] = {}
+    problems: list[Problem] = []
+    for i, engine in engines:
+        j, earlier = first.setdefault(identity(engine), (i, engine))
+        if j != i:
+            value = json.dumps(getattr(engine, key))
+            message = f"duplicate engine {key} {value} (engines.{j}, {earlier.name}, has it)"
+            problems.append(Problem(("engines", i, key), message))
+    return problems
+
+
+def _engine_address(engine: EngineConfig) -> str:
+    """One engine's URL however it is written: scheme and host in any case, the default
+    port written or not, a trailing slash or not."""
+    url = urlsplit(engine.url)
+    try:
+        port = url.port or {"http": 80, "https": 443}.get(url.scheme.lower())
+    except ValueError:  # a port that is not a number: the URL is its own identity
+        return engine.url
+    return f"{url.scheme.lower()}://{(url.hostname or '').lower()}:{port}{url.path.rstrip('/')}"
+
+
+def _check_fleet(fleet: FleetConfig) -> list[Problem]:
+    if fleet.stale_after_s < fleet.probe_interval_s:
+        return [
+            Problem(
+                ("fleet", "stale_after_s"),
+                f"must be at least fleet.probe_interval_s ({fleet.probe_interval_s}), "
+                f"got {fleet.stale_after_s}",
             )
-    if ha.margin >= ha.lease_ttl_s:
-        raise ConfigError(
-            f"ha.fence_margin_s: must be below ha.lease_ttl_s ({ha.lease_ttl_s}), got {ha.margin:g}"
-        )
-    if ha.renew_interval >= ha.lease_ttl_s - ha.margin:
-        raise ConfigError(
-            "ha.renew_interval_s: must be below ha.lease_ttl_s - ha.fence_margin_s "
-            f"({ha.lease_ttl_s - ha.margin:g} s), so that a renewal comes before the leader "
-            f"fences itself; got {ha.renew_interval:g}"
-        )
-
-
-# --- turning msgspec's validation errors into messages that name the key --------------------
-
-
-def _explain(error: msgspec.ValidationError, raw: object) -> str:
-    message = str(error)
-    text, _, where = message.partition(" - at `$")
-    path = _parse_path(where.rstrip("`")) if where else []
-    dotted = ".".join(str(p) for p in path)
-    if text.startswith("Object contains unknown field"):
-        key = text.split("`")[1]
-        full = f"{dotted}.{key}" if dotted else key
-        allowed = _field_names(path)
-        hint = f" (expected one of: {', '.join(allowed)})" if allowed else ""
-        return f"{full}: unknown key{hint}"
-    if text.startswith("Object missing required field"):
-        key = text.split("`")[1]
-        full = f"{dotted}.{key}" if dotted else key
-        return f"{full}: required key missing"
-    expected = _describe(_type_at(path))
-    got = _lookup(raw, path)
-    return f"{dotted or '(top level)'}: expected {expected}, got {_show(got)}"
-
-
-def _parse_path(where: str) -> list[str | int]:
-    """`.admission.queue_limit` or `.engines[0].url` -> ["admission", "queue_limit"] etc."""
-    parts: list[str | int] = []
-    for piece in where.replace("[", ".[").split("."):
-        if not piece:
-            continue
-        if piece.startswith("[") and piece.endswith("]"):
-            parts.append(int(piece[1:-1]))
-        else:
-            parts.append(piece)
-    return parts
-
-
-def _type_at(path: Sequence[str | int]) -> msgspec.inspect.Type:
-    node: msgspec.inspect.Type = msgspec.inspect.type_info(Config)
-    for part in path:
-        node = _unwrap(node)
-        if isinstance(node, msgspec.inspect.StructType) and isinstance(part, str):
-            fields = {f.encode_name: f.type for f in node.fields}
-            node = fields.get(part, msgspec.inspect.AnyType())
-        elif isinstance(node, msgspec.inspect.VarTupleType | msgspec.inspect.ListType):
-            node = node.item_type
-        else:
-            return msgspec.inspect.AnyType()
-    return node
-
-
-def _unwrap(node: msgspec.inspect.Type) -> msgspec.inspect.Type:
-    if isinstance(node, msgspec.inspect.UnionType):
-        rest = [t for t in node.types if not isinstance(t, msgspec.inspect.NoneType)]
-        if len(rest) == 1:
-            return rest[0]
-    return node
-
-
-def _field_names(path: Sequence[str | int]) -> list[str]:
-    node = _unwrap(_type_at(path))
-    if isinstance(node, msgspec.inspect.StructType):
-        return [f.encode_name for f in node.fields]
+        ]
     return []
 
 
-def _describe(node: msgspec.inspect.Type) -> str:
-    if isinstance(node, msgspec.inspect.UnionType):
-        parts = [_describe(t) for t in node.types]
-        return " or ".join(parts)
-    if isinstance(node, msgspec.inspect.NoneType):
-        return "null"
-    if isinstance(node, msgspec.inspect.BoolType):
-        return "true or false"
-    if isinstance(node, msgspec.inspect.IntType):
-        return "int" + _bounds(node.ge, node.gt, node.le, node.lt)
-    if isinstance(node, msgspec.inspect.FloatType):
-        return "number" + _bounds(node.ge, node.gt, node.le, node.lt)
-    if isinstance(node, msgspec.inspect.StrType):
-        return "string" + (f" of at least {node.min_length} chars" if node.min_length else "")
-    if isinstance(node, msgspec.inspect.LiteralType):
-        return "one of " + ", ".join(json.dumps(v) for v in node.values)
-    if isinstance(node, msgspec.inspect.StructType):
-        return "a mapping"
-    if isinstance(node, msgspec.inspect.VarTupleType | msgspec.inspect.ListType):
-        return "a list"
-    return "a valid value"
+def _check_ha(ha: HAConfig) -> list[Problem]:
+    if ha.backend != "etcd":
+        return []
+    if not ha.endpoints:
+        return [Problem(("ha", "endpoints"), "required when ha.backend is etcd")]
+    problems: list[Problem] = []
+    for i, endpoint in enumerate(ha.endpoints):
+        url = urlsplit(endpoint)
+        if url.scheme not in ("http", "https") or not url.hostname:
+            problems.append(
+                Problem(
+                    ("ha", "endpoints", i),
+                    "expected an http:// or https:// URL of an etcd client port, "
+                    f"got {json.dumps(endpoint)}",
+                )
+            )
+    if ha.margin >= ha.lease_ttl_s:
+        problems.append(
+            Problem(
+                ("ha", "fence_margin_s"),
+                f"must be below ha.lease_ttl_s ({ha.lease_ttl_s}), got {ha.margin:g}",
+            )
+        )
+    elif ha.renew_interval >= ha.lease_ttl_s - ha.margin:
+        problems.append(
+            Problem(
+                ("ha", "renew_interval_s"),
+                "must be below ha.lease_ttl_s - ha.fence_margin_s "
+                f"({ha.lease_ttl_s - ha.margin:g} s), so that a renewal comes before the "
+                f"leader fences itself; got {ha.renew_interval:g}",
+            )
+        )
+    return problems
 
 
-def _bounds(ge: float | None, gt: float | None, le: float | None, lt: float | None) -> str:
-    parts = []
-    if ge is not None:
-        parts.append(f">= {ge}")
-    if gt is not None:
-        parts.append(f"> {gt}")
-    if le is not None:
-        parts.append(f"<= {le}")
-    if lt is not None:
-        parts.append(f"< {lt}")
-    return (" " + " and ".join(parts)) if parts else ""
+_SECTION_CHECKS: dict[str, Callable[[Any], list[Problem]]] = {
+    "serving": _check_serving,
+    "fleet": _check_fleet,
+    "ha": _check_ha,
+}
+_FIELD_TYPES: dict[str, Any] = {f.encode_name: f.type for f in msgspec.structs.fields(Config)}
 
 
-def _lookup(raw: object, path: Sequence[str | int]) -> object:
-    node = raw
-    for part in path:
-        if isinstance(node, dict) and part in node:
-            node = node[part]
-        elif isinstance(node, list) and isinstance(part, int) and part < len(node):
-            node = node[part]
+def _one_source(path: Path, key: str, section: Struct) -> list[Problem]:
+    """At most one of `key`, `key_env` and `key_file` may be set."""
+    given = [k for k in (key, f"{key}_env", f"{key}_file") if getattr(section, k) is not None]
+    if len(given) <= 1:
+        return []
+    return [Problem((*path, given[1]), f"give only one of {', '.join(given)}")]
+
+
+def _secret_problems(path: Path, value: str) -> list[Problem]:
+    problem = secret_problem(value)
+    return [] if problem is None else [Problem(path, problem)]
+
+
+# --- reading the secrets the configuration names ---------------------------------------------
+
+
+def resolve_secrets(config: Config, environ: Mapping[str, str]) -> Config:
+    """`config` with every secret it names read into its inline key (`admin_token`,
+    `api_keys`, each engine's `api_key`) and the `_env`/`_file` keys that named them
+    cleared; ConfigError lists every secret that cannot be read."""
+    problems: list[Problem] = []
+
+    def read(path: Path, key: str, section: Struct) -> str | None:
+        """The secret `key` of `section` (at `path`), from wherever it is given."""
+        env, file = getattr(section, f"{key}_env"), getattr(section, f"{key}_file")
+        try:
+            if env is not None:
+                return from_env(env, environ)
+            if file is not None:
+                return from_file(file)
+        except SecretError as e:
+            source = f"{key}_env" if env is not None else f"{key}_file"
+            problems.append(Problem((*path, source), str(e)))
+        inline: str | None = getattr(section, key)
+        return inline
+
+    serving = config.serving
+    admin_token = read(("serving",), "admin_token", serving)
+    api_keys = serving.api_keys
+    if serving.api_keys_file is not None:
+        try:
+            from_file_keys = key_list_from_file(serving.api_keys_file)
+        except SecretError as e:
+            problems.append(Problem(("serving", "api_keys_file"), str(e)))
         else:
-            return None
-    return node
-
-
-def _show(value: object) -> str:
-    if isinstance(value, dict):
-        return "a mapping"
-    if isinstance(value, list):
-        return "a list"
-    return json.dumps(value, default=str)
+            api_keys = tuple(dict.fromkeys((*api_keys, *from_file_keys)))
+    serving = msgspec.structs.replace(
+        serving,
+        admin_token=admin_token,
+        admin_token_env=None,
+        admin_token_file=None,
+        api_keys=api_keys,
+        api_keys_file=None,
+    )
+    engines = tuple(
+        msgspec.structs.replace(
+            engine,
+            api_key=read(("engines", i), "api_key", engine),
+            api_key_env=None,
+            api_key_file=None,
+        )
+        for i, engine in enumerate(config.engines)
+    )
+    if problems:
+        raise ConfigError(*(str(p) for p in problems))
+    return msgspec.structs.replace(config, serving=serving, engines=engines)

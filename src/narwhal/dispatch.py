@@ -393,7 +393,7 @@ class Dispatcher:
                             self._clients[plan.prefill.name],
                             request,
                             request_id=context.request_id,
-                            authorization=context.authorization,
+                            client_authorization=context.authorization,
                         )
                         # The decode engine's TTFT holds this wait too; only this series
                         # says which prefill engine it was spent on.
@@ -406,7 +406,7 @@ class Dispatcher:
                         request.route,
                         body,
                         request_id=context.request_id,
-                        authorization=context.authorization,
+                        client_authorization=context.authorization,
                     )
                     limit = self._config.max_event_bytes
                     if request.stream:

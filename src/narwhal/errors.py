@@ -4,6 +4,7 @@
     ├── InvalidRequest                 400 invalid_request_error       outcome: invalid
     │   ├── InvalidSamplingWidth       400 "Invalid sampling width"     (n, best_of > 1)
     │   └── UnsupportedOption          400 audio / modality / tool requests
+    ├── InvalidApiKey                  401 invalid_api_key              outcome: invalid
     ├── ModelNotFound                  404 model_not_found              outcome: invalid
     ├── RequestTooLarge                413 request_too_large            outcome: invalid
     ├── UnsupportedMediaType           415 not JSON (Content-Type), or compressed (Content-Encoding)
@@ -97,6 +98,26 @@ class InvalidSamplingWidth(InvalidRequest):
 
 class UnsupportedOption(InvalidRequest):
     pass
+
+
+class InvalidApiKey(InvalidRequest):
+    """No client API key, or not one of `serving.api_keys`: OpenAI's own answer (401,
+    `invalid_request_error`, `invalid_api_key`), which its clients raise as
+    AuthenticationError. Given before the body is read, so the connection is not reused."""
+
+    status = 401
+    code = "invalid_api_key"
+
+    def __init__(self, *, missing: bool) -> None:
+        super().__init__(
+            "This router needs an API key: send it as Authorization: Bearer <key>."
+            if missing
+            else "The API key is not valid for this router."
+        )
+
+    def headers(self) -> dict[str, str]:
+        # RFC 6750 section 3: the scheme a client should use, on every 401.
+        return {**super().headers(), "WWW-Authenticate": 'Bearer realm="narwhal"'}
 
 
 class ModelNotFound(InvalidRequest):

@@ -30,10 +30,11 @@ from narwhal.admission.gate import AdmissionGate
 from narwhal.admission.predictive import PredictiveCheck
 from narwhal.api.admin import AdminRoutes
 from narwhal.api.app import build_app
+from narwhal.api.auth import BearerTokens
 from narwhal.api.completions import CompletionFront
 from narwhal.api.engines_report import EngineReport
 from narwhal.api.ops import OpsRoutes
-from narwhal.config import Config
+from narwhal.config import Config, resolve_secrets
 from narwhal.dispatch import Dispatcher
 from narwhal.engines.client import EngineClient
 from narwhal.engines.profiling import Profiler
@@ -64,7 +65,9 @@ PROFILE_WAIT_S = 10.0
 
 class Router:
     def __init__(self, config: Config) -> None:
-        self.config = config
+        # Secrets named by `_env`/`_file` keys are read here if the caller has not (ConfigError
+        # when one cannot be): every component below sees them inline.
+        config = self.config = resolve_secrets(config, os.environ)
         self.metrics = RouterMetrics()
         ha = config.ha.backend == "etcd"
         # With HA, refuse from the first instant: leadership is proven, never assumed.
@@ -123,7 +126,12 @@ class Router:
             self.admission, self.metrics, wait_timeout_s=admission.wait_timeout_s
         )
         self.pool = UpstreamPool(connect_timeout=5.0, idle_timeout=30.0)
-        self.clients = {e.name: EngineClient(e, self.pool) for e in config.engines}
+        self.clients = {
+            e.name: EngineClient(
+                e, self.pool, forward_client_authorization=config.forwards_client_authorization(e)
+            )
+            for e in config.engines
+        }
         # Engines' tokenize endpoints size prompts only where the count decides something.
         self.sizer = WorkloadSizer(
             load_sizer(config.tokenizer), use_engine=predictive and config.tokenizer is None
@@ -141,9 +149,14 @@ class Router:
             prompt_counted=self.sizer.observe_engine_prompt_tokens,
         )
         self.report = EngineReport(self.registry, self.scheduler)
-        front = CompletionFront(config, self.metrics, self.dispatcher, self.sizer, self.state)
-        ops = OpsRoutes(config.model, self.metrics, self.dispatcher, self.state)
-        self.app: web.Application = build_app(front, ops, config.serving.max_request_bytes)
+        api_keys = BearerTokens(config.serving.api_keys)
+        front = CompletionFront(
+            config, self.metrics, self.dispatcher, self.sizer, self.state, api_keys
+        )
+        ops = OpsRoutes(config.model, self.metrics, self.dispatcher, self.state, api_keys)
+        self.app: web.Application = build_app(
+            front, ops, config.serving.max_request_bytes, api_keys
+        )
         self.operator = OperatorState(self.registry, self.dispatcher.capacity_changed)
         AdminRoutes(self.operator, self.report, config.serving.admin_token).add_to(self.app)
         self.app.on_startup.append(self._on_startup)
@@ -224,7 +237,12 @@ class Router:
         """Engines that may count a prompt: healthy ones (placeability aside); the
         tokenizer itself skips dialects without a tokenize endpoint."""
         return [
-            TokenizeCandidate(entry.name, entry.config.url.rstrip("/"), entry.config.dialect)
+            TokenizeCandidate(
+                entry.name,
+                entry.config.url.rstrip("/"),
+                entry.config.dialect,
+                entry.config.authorization,
+            )
             for entry in self.registry.entries.values()
             if entry.health is not None and entry.health.healthy
         ]

@@ -1,4 +1,11 @@
-"""`narwhal serve`: run the router, from a configuration file or the embedded default."""
+"""`narwhal serve`: run the router, from a configuration file or the embedded default.
+
+What stops it from starting (a configuration error, a certificate or tokenizer that
+cannot be loaded, a port in use) is said in one line each, `error: ...` on stderr, and
+the exit status is 2; whatever had started by then (the embedded default's engines) is
+closed first. The listening sockets are bound before the router starts anything else
+(`api/listen.py`), so a busy port costs no engine probes.
+"""
 
 from __future__ import annotations
 
@@ -6,6 +13,8 @@ import argparse
 import asyncio
 import logging
 import signal
+import socket
+import ssl
 import sys
 from collections.abc import Callable, Coroutine
 from typing import Any
@@ -14,7 +23,9 @@ import msgspec
 import prometheus_client
 from aiohttp import web
 
+from narwhal.api.listen import CannotListen, bind_sockets, listen_failure
 from narwhal.api.server import ClientRunner, head_timeout_s
+from narwhal.api.tls import server_tls_context
 from narwhal.config import Config, ConfigError, EngineConfig, Role, load_config
 from narwhal.router import Router
 
@@ -48,15 +59,19 @@ def run(args: argparse.Namespace) -> int:
         overrides["host"] = args.host
     if args.port is not None:
         overrides["port"] = args.port
-    if not args.config:
-        run_event_loop(lambda: serve_embedded(overrides))
-        return 0
     try:
-        config = load_config(args.config)
+        if not args.config:
+            run_event_loop(lambda: serve_embedded(overrides))
+        else:
+            config = _with_serving(load_config(args.config), overrides)
+            run_event_loop(lambda: serve_forever(config))
     except ConfigError as e:
+        for problem in e.problems:
+            print(f"error: {problem}", file=sys.stderr)
+        return 2
+    except CannotListen as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    run_event_loop(lambda: serve_forever(_with_serving(config, overrides)))
     return 0
 
 
@@ -99,6 +114,19 @@ def run_event_loop(main: Callable[[], Coroutine[Any, Any, None]]) -> None:
 
 
 async def serve_forever(config: Config) -> None:
+    serving = config.serving
+    tls = server_tls_context(serving)
+    sockets = bind_sockets(serving.host, serving.port)
+    try:
+        await _serve_on(config, sockets, tls)
+    finally:
+        for sock in sockets:
+            sock.close()  # those a site took are closed already; this is for the rest
+
+
+async def _serve_on(
+    config: Config, sockets: list[socket.socket], tls: ssl.SSLContext | None
+) -> None:
     router = Router(config)
     # handler_cancellation: a client that disconnects cancels its handler at once, so the
     # upstream request is cancelled too instead of running on for nobody.
@@ -109,29 +137,38 @@ async def serve_forever(config: Config) -> None:
         access_log=None,
         shutdown_timeout=config.serving.drain_timeout_s,
     )
-    await runner.setup()
-    site = web.TCPSite(runner, config.serving.host, config.serving.port, backlog=4096)
-    await site.start()
-    port = _bound_port(runner)
-    log.info(
-        "serving model %s with %d engine(s): %s",
-        config.model,
-        len(config.engines),
-        ", ".join(f"{e.name} ({e.role}, {e.dialect}) {e.url}" for e in config.engines) or "none",
-    )
-    print(f"narwhal listening on http://{config.serving.host}:{port}", flush=True)
+    try:
+        await runner.setup()
+        for sock in sockets:
+            site = web.SockSite(runner, sock, ssl_context=tls, backlog=4096)
+            try:
+                await site.start()
+            except OSError as e:
+                raise listen_failure(config.serving.host, config.serving.port, e) from None
+        port = _bound_port(runner)
+        log.info(
+            "serving model %s with %d engine(s): %s",
+            config.model,
+            len(config.engines),
+            ", ".join(f"{e.name} ({e.role}, {e.dialect}) {e.url}" for e in config.engines),
+        )
+        scheme = "http" if tls is None else "https"
+        host = config.serving.host
+        shown = f"[{host}]" if ":" in host else host
+        print(f"narwhal listening on {scheme}://{shown}:{port}", flush=True)
 
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    await stop.wait()
-    # Graceful shutdown: readiness goes false first, then the listener closes, admitted
-    # requests get up to serving.drain_timeout_s to finish, and only then do the engine
-    # clients close. Requests still running after the drain are cancelled and counted.
-    await router.stop_admitting()
-    print("narwhal draining", flush=True)
-    await runner.cleanup()
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        await stop.wait()
+        # Graceful shutdown: readiness goes false first, then the listener closes, admitted
+        # requests get up to serving.drain_timeout_s to finish, and only then do the engine
+        # clients close. Requests still running after the drain are cancelled and counted.
+        await router.stop_admitting()
+        print("narwhal draining", flush=True)
+    finally:
+        await runner.cleanup()  # also after a failed start: sessions and probes close
 
 
 def _bound_port(runner: web.AppRunner) -> int:

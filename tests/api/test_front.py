@@ -1,13 +1,15 @@
 """The HTTP front against a real router process: refusal rows, counters, request ids.
 
-The router here has no engines, so a valid request gets the seed's "zero
-placement-eligible engines" answer: 503 backend_unavailable with Retry-After: 1.
+The router's one engine is never up (its port is bound but not listening: connections are
+refused), so a valid request gets the seed's "zero placement-eligible engines" answer:
+503 backend_unavailable with Retry-After: 1.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import socket
 from collections.abc import Iterator
 from typing import Any, get_args
 from urllib.parse import urlsplit
@@ -28,9 +30,12 @@ LIMIT = 4096
 
 @pytest.fixture(scope="module")
 def router() -> Iterator[NarwhalProcess]:
-    config = {"model": MODEL, "engines": [], "serving": {"max_request_bytes": LIMIT}}
-    with router_process(config) as process:
-        yield process
+    with socket.socket() as closed_port:
+        closed_port.bind(("127.0.0.1", 0))  # held, never listening: always refused
+        engine = {"name": "down", "url": f"http://127.0.0.1:{closed_port.getsockname()[1]}"}
+        config = {"model": MODEL, "engines": [engine], "serving": {"max_request_bytes": LIMIT}}
+        with router_process(config) as process:
+            yield process
 
 
 def chat_body(**fields: Any) -> dict[str, Any]:

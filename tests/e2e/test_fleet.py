@@ -256,8 +256,8 @@ async def _engine_reports_running(sim: NarwhalProcess, count: int) -> bool:
 
 async def test_every_engine_has_its_series_from_the_start(start: Start) -> None:
     """A dashboard sees zeros for an engine that has served nothing yet, not a gap."""
-    sim = start(sim_process("--time-scale", "0"))
-    router = start(router_process(config_for([engine("a", sim), engine("b", sim)])))
+    sims = [start(sim_process("--time-scale", "0")) for _ in range(2)]
+    router = start(router_process(config_for([engine("a", sims[0]), engine("b", sims[1])])))
     values = await metrics_of(router.url)
     for name in ("a", "b"):
         assert values[f'narwhal_ttft_seconds_count{{engine="{name}"}}'] == 0

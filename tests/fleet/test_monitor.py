@@ -73,6 +73,7 @@ async def test_start_checks_every_engine_before_returning(
         "metrics": "ok",
         "serves_model": None,  # no model configured for this monitor: not checked
         "max_model_len": None,
+        "credentials_refused": False,
         "version": None,  # this engine has no /version
         "supplies_token_ids": None,
     }

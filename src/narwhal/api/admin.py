@@ -4,12 +4,12 @@ Without `serving.admin_token` they answer only on loopback (anything else gets 4
 router bound to a public address does not hand its fleet to whoever finds the port. With
 it, every admin request must carry `Authorization: Bearer <token>`, loopback included
 (401 otherwise): behind a sidecar or a reverse proxy on the same host every client is
-loopback. The token is compared in constant time.
+loopback. The token is compared in constant time (`auth.py`). It may be given inline,
+or through `serving.admin_token_env` or `serving.admin_token_file` (config.py reads it).
 """
 
 from __future__ import annotations
 
-import hmac
 import ipaddress
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -17,6 +17,7 @@ from typing import Any
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 
+from narwhal.api.auth import BearerTokens
 from narwhal.api.responses import json_response
 from narwhal.errors import InvalidRequest, NarwhalError
 from narwhal.operator_state import OperatorState
@@ -50,7 +51,7 @@ class AdminRoutes:
     ) -> None:
         self._operator = operator
         self._report = report
-        self._token = admin_token
+        self._token = None if admin_token is None else BearerTokens([admin_token])
 
     def add_to(self, app: web.Application) -> None:
         app.router.add_get("/admin/engines", self.engines)
@@ -87,9 +88,7 @@ class AdminRoutes:
 
     def _authorize(self, request: web.Request) -> None:
         if self._token is not None:
-            offered = request.headers.get("Authorization", "")
-            expected = f"Bearer {self._token}"
-            if hmac.compare_digest(offered.encode(errors="replace"), expected.encode()):
+            if self._token.admit(request.headers.get("Authorization")):
                 return
             raise _Unauthorized("Admin routes need Authorization: Bearer <serving.admin_token>.")
         if _is_loopback(request.remote):

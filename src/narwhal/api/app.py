@@ -7,6 +7,7 @@ from collections.abc import Awaitable, Callable
 from aiohttp import web
 from aiohttp.typedefs import Handler
 
+from narwhal.api.auth import BearerTokens
 from narwhal.api.completions import CompletionFront
 from narwhal.api.ops import OpsRoutes
 from narwhal.api.request_id import HEADER as REQUEST_ID_HEADER
@@ -39,16 +40,19 @@ async def request_id_middleware(request: web.Request, handler: Handler) -> web.S
     return response
 
 
-def continue_within(limit: int) -> Callable[[web.Request], Awaitable[None]]:
-    """An `Expect: 100-continue` handler that invites only bodies within the limit.
+def continue_within(limit: int, api_keys: BearerTokens) -> Callable[[web.Request], Awaitable[None]]:
+    """An `Expect: 100-continue` handler that invites only bodies the front will read.
 
-    A body declared larger gets no "100 Continue": the completion front answers 413 at
-    once, and a well-behaved client never sends the body.
+    A body declared larger than the limit, or sent without a valid API key (when
+    `serving.api_keys` is set), gets no "100 Continue": the completion front answers 413
+    or 401 at once, and a well-behaved client never sends the body.
     """
 
     async def expect_handler(request: web.Request) -> None:
         declared = request.content_length
         if declared is not None and declared > limit:
+            return
+        if api_keys and not api_keys.admit(request.headers.get("Authorization")):
             return
         if request.headers.get("Expect", "").lower() == "100-continue":
             await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
@@ -57,7 +61,9 @@ def continue_within(limit: int) -> Callable[[web.Request], Awaitable[None]]:
     return expect_handler
 
 
-def build_app(front: CompletionFront, ops: OpsRoutes, max_request_bytes: int) -> web.Application:
+def build_app(
+    front: CompletionFront, ops: OpsRoutes, max_request_bytes: int, api_keys: BearerTokens
+) -> web.Application:
     # Bodies are read by the completion front under serving.max_request_bytes; aiohttp's own
     # limit applies only to request.read() (the admin routes' small bodies).
     app = web.Application(
@@ -67,7 +73,7 @@ def build_app(front: CompletionFront, ops: OpsRoutes, max_request_bytes: int) ->
         # refuses a Content-Encoding with 415 instead.
         handler_args={"auto_decompress": False},
     )
-    expect = continue_within(max_request_bytes)
+    expect = continue_within(max_request_bytes, api_keys)
     app.router.add_post("/v1/chat/completions", front.chat, expect_handler=expect)
     app.router.add_post("/v1/completions", front.completions, expect_handler=expect)
     app.router.add_get("/v1/models", ops.models)

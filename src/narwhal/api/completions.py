@@ -2,7 +2,9 @@
 
 Every request that reaches a completion route is offered exactly once and ends in exactly
 one terminal outcome, counted in `finally`, whichever way the handler leaves; its duration
-(arrival to the end of its response) is observed there too.
+(arrival to the end of its response) is observed there too. With `serving.api_keys` the
+key is checked first, before a byte of the body is read: a request without a valid one
+is answered 401 `invalid_api_key` and counted as `invalid`.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import time
 
 from aiohttp import web
 
+from narwhal.api.auth import BearerTokens, require_api_key
 from narwhal.api.body import BodyIncomplete, BodyLate, read_limited_body
 from narwhal.api.relay import relay_stream
 from narwhal.api.request_id import HEADER as REQUEST_ID_HEADER
@@ -45,8 +48,10 @@ class CompletionFront:
         service: CompletionService,
         sizer: WorkloadSizer,
         state: RouterState,
+        api_keys: BearerTokens,
     ) -> None:
         self._state = state
+        self._api_keys = api_keys
         self._config = config
         self._metrics = metrics
         self._service = service
@@ -70,6 +75,7 @@ class CompletionFront:
         written: float | None = None  # a stream's last write (the engine's end may follow)
         try:
             headers = http.headers
+            require_api_key(self._api_keys, headers.get("Authorization"))
             timeout = request_timeout(
                 headers.getall(REQUEST_TIMEOUT, []), self._config.serving.request_timeout_s
             )

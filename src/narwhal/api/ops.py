@@ -1,4 +1,9 @@
-"""Operations endpoints: /health, /ready, /metrics and /v1/models."""
+"""Operations endpoints: /health, /ready, /metrics and /v1/models.
+
+/v1/models asks for the client API key when `serving.api_keys` is set, as vLLM's
+--api-key guards every /v1 route; /health, /ready and /metrics stay open, for the
+orchestrator's probes and Prometheus (they say nothing a client key should guard).
+"""
 
 from __future__ import annotations
 
@@ -7,17 +12,25 @@ import time
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from narwhal.api.responses import json_response
+from narwhal.api.auth import BearerTokens, require_api_key
+from narwhal.api.request_id import current_request_id
+from narwhal.api.responses import error_response, json_response
 from narwhal.api.service import CompletionService
-from narwhal.errors import ModelNotFound
+from narwhal.errors import InvalidApiKey, ModelNotFound
 from narwhal.metrics import RouterMetrics
 from narwhal.state import RouterState
 
 
 class OpsRoutes:
     def __init__(
-        self, model: str, metrics: RouterMetrics, service: CompletionService, state: RouterState
+        self,
+        model: str,
+        metrics: RouterMetrics,
+        service: CompletionService,
+        state: RouterState,
+        api_keys: BearerTokens,
     ) -> None:
+        self._api_keys = api_keys
         self._model = model
         self._metrics = metrics
         self._service = service
@@ -39,15 +52,29 @@ class OpsRoutes:
         return response
 
     async def models(self, request: web.Request) -> web.Response:
+        refusal = self._without_key(request)
+        if refusal is not None:
+            return refusal
         return json_response({"object": "list", "data": [self._card()]})
 
     async def model(self, request: web.Request) -> web.Response:
         """GET /v1/models/{model}, as the OpenAI client's `models.retrieve` asks."""
+        refusal = self._without_key(request)
+        if refusal is not None:
+            return refusal
         name = request.match_info["model"]
         if name != self._model:
             error = ModelNotFound(name)
             return json_response(error.envelope(), status=error.status)
         return json_response(self._card())
+
+    def _without_key(self, request: web.Request) -> web.Response | None:
+        """The 401 for a request without a valid API key, or None to go on."""
+        try:
+            require_api_key(self._api_keys, request.headers.get("Authorization"))
+        except InvalidApiKey as error:
+            return error_response(error, current_request_id.get())
+        return None
 
     def _card(self) -> dict[str, object]:
         return {

@@ -8,7 +8,7 @@ import msgspec
 from aiohttp import web
 
 from narwhal.api.request_id import HEADER as REQUEST_ID_HEADER
-from narwhal.errors import NarwhalError, RequestTooLarge
+from narwhal.errors import InvalidApiKey, NarwhalError, RequestTooLarge
 
 _encoder = msgspec.json.Encoder()
 
@@ -27,7 +27,7 @@ def json_response(
 
 def error_response(error: NarwhalError, request_id: str) -> web.Response:
     headers = {REQUEST_ID_HEADER: request_id, **error.headers()}
-    if isinstance(error, RequestTooLarge):
+    if isinstance(error, RequestTooLarge | InvalidApiKey):
         # The unread rest of the body is still on the wire: do not reuse the connection.
         headers["Connection"] = "close"
     return web.Response(

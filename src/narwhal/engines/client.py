@@ -8,11 +8,17 @@ marked retryable when another placement could succeed:
     InvalidRequest (400)      the engine refused the body itself (400, 413, 422): the
                               client's request is bad wherever it runs; not retried
     EngineUnavailable (502)   connection refused or reset, 5xx, 404 (model not served),
-                              429: another engine may serve it; retried before headers
+                              429, 401/403 (the engine's key is missing or wrong): another
+                              engine may serve it; retried before headers
+
+Every request carries the engine's own key (`engines[].api_key`) as `Authorization:
+Bearer`. The client's Authorization header goes instead only where forwarding is on
+(`fleet.forward_client_authorization`, per engine): a router key is no engine's business.
 """
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import msgspec
@@ -29,6 +35,8 @@ _MAX_ERROR_BODY = 64 * 1024
 # A prefill answer is one token plus transfer parameters; anything near this is wrong.
 _MAX_ANSWER_BODY = 16 * 1024 * 1024
 _encoder = msgspec.json.Encoder()
+_REFUSED_CREDENTIALS = (401, 403)
+log = logging.getLogger(__name__)
 
 
 class EngineUnavailable(UpstreamError):
@@ -36,13 +44,21 @@ class EngineUnavailable(UpstreamError):
 
 
 class EngineClient:
-    def __init__(self, engine: EngineConfig, pool: UpstreamPool) -> None:
+    def __init__(
+        self,
+        engine: EngineConfig,
+        pool: UpstreamPool,
+        *,
+        forward_client_authorization: bool = False,
+    ) -> None:
         self.engine = engine
         self.name = engine.name
         self.dialect = engine.dialect
         self.capabilities = capabilities(engine.dialect)
         self._base = engine.url.rstrip("/")
         self._pool = pool
+        self._forward = forward_client_authorization
+        self._refusals = 0  # credential refusals in a row: the first is logged
 
     async def post_json(
         self,
@@ -50,13 +66,17 @@ class EngineClient:
         body: dict[str, Any],
         *,
         request_id: str,
-        authorization: str | None = None,
+        client_authorization: str | None = None,
     ) -> dict[str, Any]:
-        """POST a non-streaming request; its JSON object answer, or a mapped error."""
+        """POST a non-streaming request; its JSON object answer, or a mapped error.
+        `client_authorization`: the client's Authorization header (sent only when this
+        engine forwards it)."""
+        authorization, hint = self._credentials(client_authorization)
         response = await self._post(route, body, request_id, authorization)
         try:
             if response.status != 200:
-                raise await self._status_error(response)
+                raise await self._status_error(response, hint)
+            self._refusals = 0
             try:
                 raw = await response.read(_MAX_ANSWER_BODY + 1)
             except OSError as e:
@@ -79,11 +99,13 @@ class EngineClient:
         body: dict[str, Any],
         *,
         request_id: str,
-        authorization: str | None = None,
+        client_authorization: str | None = None,
     ) -> UpstreamResponse:
         """POST the body; the response once its status is 200, else a mapped error."""
+        authorization, hint = self._credentials(client_authorization)
         response = await self._post(route, body, request_id, authorization)
         if response.status == 200:
+            self._refusals = 0
             if response.headers.get("content-type", "").startswith("application/json"):
                 # A server that ignores `stream: true` answers one JSON body: there are no
                 # events to relay or validate, and the client should hear why.
@@ -94,12 +116,30 @@ class EngineClient:
                 )
             return response
         try:
-            raise await self._status_error(response)
+            raise await self._status_error(response, hint)
         finally:
             response.release()
 
+    def _credentials(self, client_authorization: str | None) -> tuple[str | None, str]:
+        """The Authorization header for a request, and what to tell the operator if the
+        engine refuses it."""
+        if self._forward and client_authorization:
+            return client_authorization, (
+                "it refused the client's own Authorization, forwarded as "
+                "forward_client_authorization asks"
+            )
+        if self.engine.authorization is not None:
+            return self.engine.authorization, (
+                "engines[].api_key is not the key it was started with (vLLM/SGLang --api-key)"
+            )
+        return None, "it wants an API key (vLLM/SGLang --api-key) and engines[].api_key is not set"
+
     async def _post(
-        self, route: Route, body: dict[str, Any], request_id: str, authorization: str | None
+        self,
+        route: Route,
+        body: dict[str, Any],
+        request_id: str,
+        authorization: str | None,
     ) -> UpstreamResponse:
         headers = {"Content-Type": "application/json", "X-Request-Id": request_id}
         if authorization:
@@ -113,7 +153,7 @@ class EngineClient:
         except OSError as e:  # UpstreamConnectionError: refused, reset, timed out, malformed
             raise EngineUnavailable(f"engine {self.name} unreachable: {_describe(e)}") from e
 
-    async def _status_error(self, response: UpstreamResponse) -> Exception:
+    async def _status_error(self, response: UpstreamResponse, hint: str) -> Exception:
         status = response.status
         try:
             raw = await response.read(_MAX_ERROR_BODY)
@@ -122,7 +162,26 @@ class EngineClient:
         message = _error_message(raw) or response.reason or "no detail"
         if status in (400, 413, 422):
             return InvalidRequest(f"The engine refused the request: {message}")
+        if status in _REFUSED_CREDENTIALS:
+            return self._refused_credentials(status, message, hint)
         return EngineUnavailable(f"engine {self.name} answered {status}: {message}")
+
+    def _refused_credentials(self, status: int, message: str, hint: str) -> EngineUnavailable:
+        """The engine wants a key the router did not send: an engine fault for the client
+        (a client's key is not the engine's), a configuration fault for the operator, said
+        once until the engine takes a request again."""
+        self._refusals += 1
+        if self._refusals == 1:
+            log.error(
+                "engine %s refused the router's request with %d (%s): %s",
+                self.name,
+                status,
+                message,
+                hint,
+            )
+        return EngineUnavailable(
+            f"engine {self.name} answered {status}: the router's key for it is missing or wrong"
+        )
 
 
 def _error_message(raw: bytes) -> str | None:

@@ -42,11 +42,14 @@ async def run_prefill(
     request: CompletionRequest,
     *,
     request_id: str,
-    authorization: str | None,
+    client_authorization: str | None,
 ) -> dict[str, Any]:
     """Run the prefill; the transfer parameters for the decode engine."""
     answer = await client.post_json(
-        request.route, prefill_body(request), request_id=request_id, authorization=authorization
+        request.route,
+        prefill_body(request),
+        request_id=request_id,
+        client_authorization=client_authorization,
     )
     params = answer.get("kv_transfer_params")
     if not isinstance(params, dict):

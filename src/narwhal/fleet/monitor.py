@@ -33,7 +33,13 @@ from prometheus_client import CollectorRegistry
 from narwhal.config import EngineConfig, FleetConfig
 from narwhal.fleet.backoff import next_delay
 from narwhal.fleet.metrics import FleetMetrics
-from narwhal.fleet.probe import check_health, engine_version, list_models, scrape_metrics
+from narwhal.fleet.probe import (
+    Refused,
+    check_health,
+    engine_version,
+    list_models,
+    scrape_metrics,
+)
 from narwhal.fleet.scrape import EngineScrape
 from narwhal.fleet.state import EngineHealth, HealthCheck, MetricsFailure, ScrapeResult
 from narwhal.protocol.dialects import capabilities
@@ -51,12 +57,16 @@ def _release(version: str) -> tuple[int, ...] | None:
 
 
 class _Engine:
-    __slots__ = ("base_url", "capabilities", "config", "placeable", "state")
+    __slots__ = ("base_url", "capabilities", "config", "headers", "placeable", "state")
 
     def __init__(self, config: EngineConfig, state: EngineHealth) -> None:
         self.config = config
         self.capabilities = capabilities(config.dialect)
         self.base_url = config.url.rstrip("/")
+        # Its key on every probe, /health and /metrics too: which routes an engine guards
+        # is its business (vLLM guards /v1 only, SGLang all but /health and /metrics).
+        auth = config.authorization
+        self.headers: dict[str, str] = {} if auth is None else {"Authorization": auth}
         self.state = state
         self.placeable = state.placeable  # as last announced to subscribers
 
@@ -153,6 +163,7 @@ class FleetMonitor:
             "metrics": state.metrics_state(),
             "serves_model": state.serves_model,
             "max_model_len": state.max_model_len,
+            "credentials_refused": state.credentials_refused,
             "version": state.version,
             "supplies_token_ids": state.supplies_token_ids,
         }
@@ -208,9 +219,24 @@ class FleetMonitor:
         self._announce(engine)
 
     async def _check_model(self, engine: _Engine) -> None:
-        models = await list_models(self._session, engine.base_url, self._timeout)
-        if models is None:
-            return  # cannot tell: leave it placeable, ask again next time it comes up
+        models = await list_models(self._session, engine.base_url, self._timeout, engine.headers)
+        state = engine.state
+        refused = isinstance(models, Refused)
+        if refused and not state.credentials_refused:
+            log.error(
+                "fleet: engine %s refused the router's credentials on /v1/models (%s): it "
+                "was started with an API key (vLLM/SGLang --api-key); give the router that "
+                "key as engines[].api_key (or api_key_env, api_key_file). Out of placement "
+                "until it accepts the router's requests",
+                engine.config.name,
+                "the configured api_key is wrong" if engine.headers else "no api_key is set",
+            )
+        elif not refused and state.credentials_refused:
+            log.info("fleet: engine %s accepts the router's credentials again", engine.config.name)
+        state.credentials_refused = refused
+        if models is None or isinstance(models, Refused):
+            # Cannot tell (refused: out of placement already); ask again next round.
+            return
         serves = self._model in models
         if serves is False and engine.state.serves_model is not False:
             log.warning(
@@ -226,7 +252,9 @@ class FleetMonitor:
         """A vLLM older than `return_token_ids` sends no IDs (PROTOCOL.md: the dialect
         must work with 0.10.2+, and an engine that sends no IDs is not fine), so every
         request placed there fails: say so, and what to do, when it comes up."""
-        version = await engine_version(self._session, engine.base_url, self._timeout)
+        version = await engine_version(
+            self._session, engine.base_url, self._timeout, engine.headers
+        )
         engine.state.version = version
         engine.state.supplies_token_ids = None
         if version is None:
@@ -248,7 +276,7 @@ class FleetMonitor:
 
     async def _check(self, engine: _Engine) -> HealthCheck:
         try:
-            return await check_health(self._session, engine.base_url, self._timeout)
+            return await check_health(self._session, engine.base_url, self._timeout, engine.headers)
         except Exception:
             log.exception("fleet: health check of engine %s raised", engine.config.name)
             return HealthCheck.ERROR
@@ -256,7 +284,11 @@ class FleetMonitor:
     async def _scrape(self, engine: _Engine) -> ScrapeResult:
         try:
             return await scrape_metrics(
-                self._session, engine.base_url, engine.config.dialect, self._timeout
+                self._session,
+                engine.base_url,
+                engine.config.dialect,
+                self._timeout,
+                engine.headers,
             )
         except Exception:
             log.exception("fleet: metrics scrape of engine %s raised", engine.config.name)

@@ -82,6 +82,9 @@ class EngineHealth:
     serves_model: bool | None = None
     # The configured model's context length, when the engine's /v1/models says it.
     max_model_len: int | None = None
+    # True while GET /v1/models answers 401/403: the engine wants a key the router does
+    # not have (engines[].api_key), so every request would fail; out of placement.
+    credentials_refused: bool = False
     # The version from GET /version (vLLM), once read: None while unknown.
     version: str | None = None
     # False for a vLLM older than return_token_ids (0.10.2): it sends no token IDs, so
@@ -96,7 +99,12 @@ class EngineHealth:
 
     @property
     def placeable(self) -> bool:
-        return self.healthy and not self.monitoring_failed and self.serves_model is not False
+        return (
+            self.healthy
+            and not self.monitoring_failed
+            and self.serves_model is not False
+            and not self.credentials_refused
+        )
 
     def record_health(self, check: HealthCheck, now: float) -> None:
         if check is HealthCheck.OK:

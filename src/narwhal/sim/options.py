@@ -154,6 +154,21 @@ class SimOptions:
             "(comparable across processes) and its X-Request-Id (for tests of who sent what)"
         ),
     )
+    api_key: str | None = field(
+        default=None,
+        metadata=_help(
+            "require Authorization: Bearer KEY, as vLLM's and SGLang's --api-key do (401 "
+            "otherwise): on /v1/* (vllm, openai dialects), on all but /health and /metrics "
+            "(sglang)"
+        ),
+    )
+    authorization_log: str | None = field(
+        default=None,
+        metadata=_help(
+            "append a line per request answered: method, path, status and the "
+            "Authorization header it carried ('-' when none), for tests of what a router sends"
+        ),
+    )
 
     def __post_init__(self) -> None:
         positive = {

@@ -20,6 +20,7 @@ import msgspec
 from aiohttp import web
 
 from narwhal.protocol.tokenizer import SimTokenizer
+from narwhal.sim.auth import auth_middlewares
 from narwhal.sim.completions import CompletionRoutes, error_response
 from narwhal.sim.events import SimError
 from narwhal.sim.kv import PULL_PATH
@@ -148,7 +149,7 @@ class _AuxRoutes:
 
 
 def build_app(runtime: SimRuntime) -> web.Application:
-    app = web.Application(client_max_size=_MAX_BODY)
+    app = web.Application(client_max_size=_MAX_BODY, middlewares=auth_middlewares(runtime.options))
     completions = CompletionRoutes(runtime)
     aux = _AuxRoutes(runtime)
     dialect = runtime.options.dialect

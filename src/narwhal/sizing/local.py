@@ -13,6 +13,7 @@ import asyncio
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from narwhal.config import ConfigError
 from narwhal.protocol.requests import CompletionRequest
 from narwhal.protocol.tokenizer import SimTokenizer, chat_prompt_parts, split_at_spaces
 
@@ -99,16 +100,26 @@ def _message_text(message: Mapping[str, Any]) -> str:
 
 
 def load_sizer(tokenizer_path: str | None) -> PromptSizer:
+    """The sizer for a configured tokenizer.json (None: the simulator's tokenizer); a file
+    that cannot be loaded, or no `tokenizers` package, is a ConfigError naming the key."""
     if tokenizer_path is None:
         return PromptSizer()
     try:
+        with open(tokenizer_path, "rb"):
+            pass  # a missing or unreadable file is said in the OS's words, package or not
+    except OSError as e:
+        raise ConfigError(f"tokenizer: cannot read {tokenizer_path}: {e.strerror or e}") from None
+    try:
         from tokenizers import Tokenizer  # type: ignore[import-not-found,unused-ignore]
-    except ImportError as e:
-        raise SystemExit(
+    except ImportError:
+        raise ConfigError(
             "tokenizer: is set, which needs the Hugging Face tokenizers package: "
             "pip install 'narwhal[tokenizers]'"
-        ) from e
-    tokenizer = Tokenizer.from_file(tokenizer_path)
+        ) from None
+    try:
+        tokenizer = Tokenizer.from_file(tokenizer_path)
+    except Exception as e:  # the tokenizers package raises plain Exception for bad files
+        raise ConfigError(f"tokenizer: {tokenizer_path} is not a tokenizer.json: {e}") from None
 
     def count(text: str) -> int:
         return len(tokenizer.encode(text, add_special_tokens=False).ids)

@@ -71,11 +71,14 @@ FAILURE_KINDS: Final[tuple[FailureKind, ...]] = (
 
 
 class TokenizeCandidate(NamedTuple):
-    """An engine that may be asked: its configured name, base URL and dialect."""
+    """An engine that may be asked: its configured name, base URL and dialect, and the
+    Authorization header its requests carry (its api_key; vLLM leaves /tokenize open,
+    SGLang guards it)."""
 
     name: str
     base_url: str
     dialect: str
+    authorization: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -237,7 +240,9 @@ class EngineTokenizer:
             async with self._session.post(
                 url,
                 data=_body(query, engine.dialect),
-                headers=_HEADERS,
+                headers=_HEADERS
+                if engine.authorization is None
+                else {**_HEADERS, "Authorization": engine.authorization},
                 timeout=self._timeout,
                 raise_for_status=False,
             ) as response:
