@@ -20,7 +20,8 @@ from narwhal.errors import InvalidRequest
 async def request_id_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
     """Give every request an id and every response the X-Request-Id header.
 
-    aiohttp's own HTTP errors (unknown route, wrong method) become OpenAI envelopes too.
+    aiohttp's own HTTP errors (unknown route, wrong method) become OpenAI envelopes too,
+    a 405 keeping its Allow header.
     Streaming handlers set the header themselves, before their headers go out.
     """
     request_id = choose_request_id(request.headers.get(REQUEST_ID_HEADER))
@@ -33,6 +34,9 @@ async def request_id_middleware(request: web.Request, handler: Handler) -> web.S
         error = InvalidRequest(f"{exc.reason}: {request.method} {request.path}")
         response = error_response(error, request_id)
         response.set_status(exc.status, exc.reason)
+        allow = exc.headers.get("Allow")
+        if allow is not None:  # a 405 must say which methods the resource has (RFC 9110)
+            response.headers["Allow"] = allow
         return response
     if not response.prepared:
         response.headers.setdefault(REQUEST_ID_HEADER, request_id)
