@@ -75,7 +75,9 @@ def build_app(front: CompletionFront, ops: OpsRoutes, max_request_bytes: int) ->
     app.router.add_post("/v1/chat/completions", front.chat, expect_handler=expect)
     app.router.add_post("/v1/completions", front.completions, expect_handler=expect)
     app.router.add_get("/v1/models", ops.models)
-    app.router.add_get("/v1/models/{model:.+}", ops.model)  # names may hold slashes
+    # Any name, slashes and line breaks included ("." stops at a newline): a model that does
+    # not exist is the handler's 404 model_not_found, not the router's bare 404.
+    app.router.add_get(r"/v1/models/{model:[\s\S]+}", ops.model)
     app.router.add_get("/health", ops.health)
     app.router.add_get("/ready", ops.ready)
     app.router.add_get("/metrics", ops.metrics)
