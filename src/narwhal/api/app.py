@@ -63,8 +63,10 @@ def continue_within(limit: int) -> Callable[[web.Request], Awaitable[None]]:
 
 def build_app(front: CompletionFront, ops: OpsRoutes, max_request_bytes: int) -> web.Application:
     # Bodies are read by the completion front under serving.max_request_bytes; aiohttp's own
-    # limit applies only to request.read() (the admin routes' small bodies).
+    # limit applies only to request.read() (the admin routes' small bodies), and is the same
+    # one, so that every 413 names the limit that refused it.
     app = web.Application(
+        client_max_size=max_request_bytes,
         middlewares=[request_in_progress, request_id_middleware],
         # Bodies are read as sent: aiohttp would inflate a gzip body as it arrives, past any
         # limit (a 1 MiB bomb inflates to 1 GiB) and with a 500 for a corrupt one; the front
