@@ -344,7 +344,7 @@ def invalid_values(value: Any, schema: Any) -> Iterator[tuple[str, Any]]:
         if types is None or _admits(types, value):
             yield from invalid_values(value, branch)
     if isinstance(value, dict):
-        for name in schema.get("required", []):
+        for name in value:  # a required field, or one another depends on (stream)
             yield f"without {name}", {k: v for k, v in value.items() if k != name}
         for name, sub in schema.get("properties", {}).items():
             for what, bad in invalid_values(value.get(name, _MISSING), sub):
