@@ -12,7 +12,7 @@ import json
 import socket
 from collections.abc import Iterator
 from typing import Any, get_args
-from urllib.parse import urlsplit
+from urllib.parse import quote, urlsplit
 
 import aiohttp
 import pytest
@@ -293,6 +293,42 @@ async def test_operations_endpoints(router: NarwhalProcess) -> None:
     assert 'narwhal_refused_total{reason="prompt"}' in values
     for outcome in get_args(Outcome):
         assert f'narwhal_outcomes_total{{outcome="{outcome}"}}' in values
+
+
+async def test_an_admin_body_over_the_limit_is_413_request_too_large(
+    router: NarwhalProcess,
+) -> None:
+    """The admin routes' bodies have the same limit, and the same refusal (aiohttp's own 413
+    once came through with a null code and its own limit of 1 MiB)."""
+    body = json.dumps({"wave": 1, "action": "start", "pad": "x" * LIMIT}).encode()
+    status, _headers, answer = await post(router.url, body, path="/admin/maintenance")
+    assert status == 413
+    assert_envelope(answer, type_="invalid_request_error", code="request_too_large", param=None)
+    assert str(LIMIT) in answer["error"]["message"]
+
+
+@pytest.mark.parametrize("name", ["other", "org/other-model", "line\nbreak", "cr\rtab\t"])
+async def test_an_unknown_model_by_name_is_404_model_not_found(
+    router: NarwhalProcess, name: str
+) -> None:
+    """GET /v1/models/{model} answers the handler's 404 for any name, line breaks included
+    (the route's pattern once stopped at a newline: the router's bare 404, code null)."""
+    async with (
+        aiohttp.ClientSession() as session,
+        session.get(router.url + "/v1/models/" + quote(name, safe="/")) as resp,
+    ):
+        status, body = resp.status, await resp.json()
+    assert status == 404
+    assert body["error"]["code"] == "model_not_found" and body["error"]["param"] == "model"
+
+
+async def test_the_configured_model_by_name(router: NarwhalProcess) -> None:
+    async with (
+        aiohttp.ClientSession() as session,
+        session.get(f"{router.url}/v1/models/{MODEL}") as resp,
+    ):
+        assert resp.status == 200
+        assert (await resp.json())["id"] == MODEL
 
 
 json_values = st.recursive(

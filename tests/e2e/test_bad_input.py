@@ -625,6 +625,9 @@ def test_every_other_route_and_wrong_methods(
         reply.error()
     if path in COMPLETION_ROUTES:
         assert reply.status == 405
+    if reply.status == 405:  # RFC 9110 §15.5.6: a 405 lists the methods the resource has
+        allowed = {m.strip() for m in (reply.header("Allow") or "").split(",")}
+        assert method not in allowed and allowed & {"GET", "POST"}, reply.headers
 
 
 @pytest.mark.parametrize(

@@ -19,7 +19,7 @@ from aiohttp.http_exceptions import HttpProcessingError
 
 from narwhal.api.auth import BearerTokens
 from narwhal.api.responses import json_response
-from narwhal.errors import InvalidRequest, NarwhalError
+from narwhal.errors import InvalidRequest, NarwhalError, RequestTooLarge
 from narwhal.operator_state import OperatorState
 from narwhal.protocol.jsonbody import decode_object
 
@@ -106,7 +106,9 @@ class AdminRoutes:
 
     async def _maintenance(self, request: web.Request) -> web.Response:
         try:
-            raw = await request.read()  # at most aiohttp's client_max_size, else 413
+            raw = await request.read()  # at most serving.max_request_bytes (client_max_size)
+        except web.HTTPRequestEntityTooLarge:
+            raise RequestTooLarge(request.client_max_size) from None
         except (ConnectionError, HttpProcessingError, web.RequestPayloadError):
             raise InvalidRequest("The request body ended early.") from None
         body = decode_object(raw)

@@ -21,7 +21,8 @@ from narwhal.errors import InvalidRequest
 async def request_id_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
     """Give every request an id and every response the X-Request-Id header.
 
-    aiohttp's own HTTP errors (unknown route, wrong method) become OpenAI envelopes too.
+    aiohttp's own HTTP errors (unknown route, wrong method) become OpenAI envelopes too,
+    a 405 keeping its Allow header.
     Streaming handlers set the header themselves, before their headers go out.
     """
     request_id = choose_request_id(request.headers.get(REQUEST_ID_HEADER))
@@ -34,6 +35,9 @@ async def request_id_middleware(request: web.Request, handler: Handler) -> web.S
         error = InvalidRequest(f"{exc.reason}: {request.method} {request.path}")
         response = error_response(error, request_id)
         response.set_status(exc.status, exc.reason)
+        allow = exc.headers.get("Allow")
+        if allow is not None:  # a 405 must say which methods the resource has (RFC 9110)
+            response.headers["Allow"] = allow
         return response
     if not response.prepared:
         response.headers.setdefault(REQUEST_ID_HEADER, request_id)
@@ -65,8 +69,10 @@ def build_app(
     front: CompletionFront, ops: OpsRoutes, max_request_bytes: int, api_keys: BearerTokens
 ) -> web.Application:
     # Bodies are read by the completion front under serving.max_request_bytes; aiohttp's own
-    # limit applies only to request.read() (the admin routes' small bodies).
+    # limit applies only to request.read() (the admin routes' small bodies), and is the same
+    # one, so that every 413 names the limit that refused it.
     app = web.Application(
+        client_max_size=max_request_bytes,
         middlewares=[request_in_progress, request_id_middleware],
         # Bodies are read as sent: aiohttp would inflate a gzip body as it arrives, past any
         # limit (a 1 MiB bomb inflates to 1 GiB) and with a 500 for a corrupt one; the front
@@ -77,7 +83,9 @@ def build_app(
     app.router.add_post("/v1/chat/completions", front.chat, expect_handler=expect)
     app.router.add_post("/v1/completions", front.completions, expect_handler=expect)
     app.router.add_get("/v1/models", ops.models)
-    app.router.add_get("/v1/models/{model:.+}", ops.model)  # names may hold slashes
+    # Any name, slashes and line breaks included ("." stops at a newline): a model that does
+    # not exist is the handler's 404 model_not_found, not the router's bare 404.
+    app.router.add_get(r"/v1/models/{model:[\s\S]+}", ops.model)
     app.router.add_get("/health", ops.health)
     app.router.add_get("/ready", ops.ready)
     app.router.add_get("/metrics", ops.metrics)
