@@ -416,7 +416,7 @@ async def test_every_answer_is_one_the_document_declares(live: Live, op: Operati
             where = f"{op} {case.what}: {answer.status} {answer.body[:300]!r}"
             if case.valid:
                 assert answer.status == 200, where
-                assert answer.headers["X-Request-Id"] == "openapi-test-1"
+                assert answer.headers["X-Request-Id"].startswith("openapi-test-1-")
             else:
                 assert 400 <= answer.status < 500, where
     finally:
