@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 
 import aiohttp
 import pytest
@@ -55,16 +56,38 @@ async def test_the_request_path_never_blocks_the_loop(caplog: pytest.LogCaptureF
             assert set(await _exercise(url, session, 8)) == {200}  # warm-up: imports, caches
             loop.set_debug(True)
             loop.slow_callback_duration = SLOW_CALLBACK_S
-            with caplog.at_level(logging.WARNING, logger="asyncio"):
-                assert set(await _exercise(url, session, 200)) == {200}
-                async with session.get(url + "/metrics") as resp:
-                    assert resp.status == 200
+            slow: set[str] | None = None
+            for _ in range(_ROUNDS):
+                caplog.clear()
+                with caplog.at_level(logging.WARNING, logger="asyncio"):
+                    assert set(await _exercise(url, session, 200)) == {200}
+                    async with session.get(url + "/metrics") as resp:
+                        assert resp.status == 200
+                found = {_callback(r.getMessage()) for r in caplog.records}
+                found.discard(None)
+                slow = found if slow is None else slow & found
+                if not slow:
+                    break
             loop.set_debug(False)
     finally:
         await runner.cleanup()
         await sim.close()
-    slow = [r.getMessage() for r in caplog.records if "Executing" in r.getMessage()]
     assert not slow, slow
+
+
+# A blocking call holds the loop in the same callback every time; on a shared machine any
+# callback can also be descheduled past the threshold once. Only a callback slow in every
+# round fails the test.
+_ROUNDS = 3
+_CALLBACK = re.compile(r"Executing <.*?(?:coro=<|Handle )([\w.<>]+)\(")
+
+
+def _callback(message: str) -> str | None:
+    """The function a slow-callback warning names (asyncio's debug mode)."""
+    match = _CALLBACK.search(message)
+    if match is not None:
+        return match.group(1)
+    return message if "Executing" in message else None
 
 
 async def test_a_long_prompt_is_sized_off_the_loop(caplog: pytest.LogCaptureFixture) -> None:

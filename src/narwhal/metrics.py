@@ -281,9 +281,13 @@ class RouterMetrics:
         return self._exposition.render()
 
 
+# The distribution's name on the package index: "narwhal" there is an unrelated project.
+DISTRIBUTION: Final = "narwhal-router"
+
+
 def installed_version() -> str:
     """The installed distribution's version (pyproject's), else the package's own."""
     try:
-        return importlib.metadata.version("narwhal")
+        return importlib.metadata.version(DISTRIBUTION)
     except importlib.metadata.PackageNotFoundError:  # run from a source tree
         return narwhal.__version__

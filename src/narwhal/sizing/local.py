@@ -2,8 +2,8 @@
 
 By default the simulator's deterministic tokenizer (shared with `narwhal sim`, so the
 router's sizing of simulated traffic is exact). With `tokenizer:` set to a tokenizer.json,
-the Hugging Face `tokenizers` package (the optional extra `narwhal[tokenizers]`) sizes
-prompts as the real model does; chat prompts then count each message's text plus a small
+the Hugging Face `tokenizers` package (the optional extra: `pip install '.[tokenizers]'`)
+sizes prompts as the real model does; chat prompts then count each message's text plus a small
 per-message allowance for the chat template.
 """
 
@@ -114,7 +114,7 @@ def load_sizer(tokenizer_path: str | None) -> PromptSizer:
     except ImportError:
         raise ConfigError(
             "tokenizer: is set, which needs the Hugging Face tokenizers package: "
-            "pip install 'narwhal[tokenizers]'"
+            "pip install tokenizers (or '.[tokenizers]' from Narwhal's checkout)"
         ) from None
     try:
         tokenizer = Tokenizer.from_file(tokenizer_path)
