@@ -123,8 +123,19 @@ def test_prefix_cache_counters_and_cache_config() -> None:
     # Counters summed over DP engines; num_gpu_blocks repeated on each line, read once.
     assert parse_engine_metrics(VLLM_CACHE_PAGE, "vllm") == EngineScrape(
         5.0, 5.0, 0.375, prefix_cache_queries=8000.0, prefix_cache_hits=3072.0,
-        block_size=16, num_gpu_blocks=58000,
+        block_size=16, num_gpu_blocks=58000, prefix_caching=True,
     )  # fmt: skip
+
+
+def test_prefix_caching_turned_off_is_read_from_the_cache_config() -> None:
+    # vLLM --no-enable-prefix-caching: nothing is a hit there, whatever the router sent.
+    text = (
+        f"vllm:num_requests_running{L0} 0\n"
+        'vllm:cache_config_info{block_size="16",enable_prefix_caching="False",engine="0",'
+        'num_gpu_blocks="100"} 1.0\n'
+    )
+    scrape = parse_engine_metrics(text, "vllm")
+    assert scrape is not None and scrape.prefix_caching is False
 
 
 def test_prefix_cache_fields_are_none_when_absent() -> None:

@@ -251,3 +251,19 @@ def test_a_busier_decode_batch_does_not_pull_a_conversation_off_its_history() ->
     # Placement by load (no prefix cache) weighs the slower decoding and goes to e1.
     plan = Scheduler(registry, ProjectingScorer(book)).plan(placement(prefix, SECOND_TURN))
     assert plan is not None and plan.decode.name == "e1"
+
+
+def test_an_engine_that_does_not_cache_prefixes_is_priced_for_the_whole_prompt() -> None:
+    registry, _ = registry_of()
+    prefix = cache_of(registry)
+    entry = registry.entries["e0"]
+    entry.health = EngineHealth(stale_after_s=5.0)
+    entry.health.status = "up"
+    warm(prefix, registry, "e0", FIRST_TURN)
+    assert prefix.cached_tokens(entry, placement(prefix, SECOND_TURN)) > 0
+    entry.health.record_scrape(
+        EngineScrape(1.0, 0.0, 0.1, 0.0, 0.0, block_size=16, num_gpu_blocks=8192,
+                     prefix_caching=False),
+        0.0,
+    )  # fmt: skip
+    assert prefix.cached_tokens(entry, placement(prefix, SECOND_TURN)) == 0

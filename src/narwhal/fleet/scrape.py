@@ -41,6 +41,7 @@ class EngineScrape:
     prefix_cache_hits: float | None = None
     block_size: int | None = None  # tokens per KV block
     num_gpu_blocks: int | None = None  # KV blocks of the whole server
+    prefix_caching: bool | None = None  # cache_config_info's enable_prefix_caching
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,7 +115,7 @@ def parse_engine_metrics(text: str, dialect: str) -> EngineScrape | None:
             if kv_seen:
                 break
         if running_seen or waiting_seen or kv_seen:
-            block_size, num_gpu_blocks = _cache_config(lines.get(names.cache_config or ""))
+            block_size, num_gpu_blocks, caching = _cache_config(lines.get(names.cache_config or ""))
             return EngineScrape(
                 running=running,
                 waiting=waiting,
@@ -123,6 +124,7 @@ def parse_engine_metrics(text: str, dialect: str) -> EngineScrape | None:
                 prefix_cache_hits=_first_total(lines, names.cache_hits),
                 block_size=block_size,
                 num_gpu_blocks=num_gpu_blocks,
+                prefix_caching=caching,
             )
     return None
 
@@ -179,10 +181,12 @@ def _values(lines: list[str] | None) -> tuple[bool, list[float]]:
     return seen, values
 
 
-def _cache_config(lines: list[str] | None) -> tuple[int | None, int | None]:
-    """(block_size, num_gpu_blocks) from an info metric's labels, each None if unstated."""
+def _cache_config(lines: list[str] | None) -> tuple[int | None, int | None, bool | None]:
+    """(block_size, num_gpu_blocks, enable_prefix_caching) from an info metric's labels,
+    each None if unstated."""
     block_size: int | None = None
     num_gpu_blocks: int | None = None
+    caching: bool | None = None
     for rest in lines or ():
         close = rest.rfind("}")
         labels = _parse_labels(rest[1:close]) if rest[0] == "{" and close != -1 else None
@@ -192,9 +196,12 @@ def _cache_config(lines: list[str] | None) -> tuple[int | None, int | None]:
             block_size = _positive_int(labels.get("block_size"))
         if num_gpu_blocks is None:
             num_gpu_blocks = _positive_int(labels.get("num_gpu_blocks"))
-        if block_size is not None and num_gpu_blocks is not None:
+        if caching is None:
+            # Python's str(bool) in vLLM's labels.
+            caching = {"True": True, "False": False}.get(labels.get("enable_prefix_caching", ""))
+        if block_size is not None and num_gpu_blocks is not None and caching is not None:
             break  # the other engines' lines repeat the same config
-    return block_size, num_gpu_blocks
+    return block_size, num_gpu_blocks, caching
 
 
 def _positive_int(value: str | None) -> int | None:

@@ -63,6 +63,7 @@ class EnginePrefix:
     resets: int = 0
     last_scrape: EngineScrape | None = None
     seen_down: bool = False
+    caching_off: bool = False  # the engine says it does not cache prefixes
 
 
 class PrefixCache:
@@ -95,6 +96,9 @@ class PrefixCache:
         blocks = request.prefix
         state = self.engines.get(entry.name)
         if blocks is None or not blocks.hashes or state is None:
+            return 0
+        self.follow(entry)
+        if state.caching_off:
             return 0
         matched = state.index.match(blocks.hashes)
         if not matched:
@@ -136,6 +140,9 @@ class PrefixCache:
         if scrape is None or scrape is state.last_scrape:
             return
         state.last_scrape = scrape
+        # vLLM's --no-enable-prefix-caching: nothing it is sent is ever a hit there, so
+        # placement by load alone (the index is still kept, should it be turned on).
+        state.caching_off = scrape.prefix_caching is False
         if scrape.block_size:
             state.block_tokens = int(scrape.block_size)
         if scrape.num_gpu_blocks:
