@@ -121,10 +121,16 @@ def rule_expressions() -> list[Expression]:
 
 
 def generator() -> ModuleType:
-    """scripts/grafana_dashboard.py, imported (scripts/ is not a package)."""
+    """scripts/grafana_dashboard.py, imported as running it would: scripts/ is not a
+    package, and the script imports its sibling grafana_panels (scripts/ is on the path
+    only while it does, so that nothing else there shadows a module)."""
     spec = importlib.util.spec_from_file_location("grafana_dashboard", GENERATOR)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # dataclasses look their module up while it runs
-    spec.loader.exec_module(module)
+    sys.path.insert(0, str(GENERATOR.parent))
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        sys.path.remove(str(GENERATOR.parent))
     return module
