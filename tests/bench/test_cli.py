@@ -345,8 +345,18 @@ def test_plots_are_written(
     )  # fmt: skip
     assert status == 0
     names = sorted(p.name for p in (tmp_path / "plots").iterdir())
-    assert names == ["latency_over_time.png", "sweep.png", "ttft_cdf.png"]
+    assert names == [
+        "latency_over_time.png", "latency_throughput.png", "sweep.png", "tpot_itl_cdf.png",
+        "ttft_cdf.png",
+    ]  # fmt: skip
     assert all((tmp_path / "plots" / n).read_bytes()[:4] == b"\x89PNG" for n in names)
+    status, _, _ = bench(
+        ["--url", engine_url, "-n", "3", "--max-tokens", "3", "--plot", str(tmp_path / "one")],
+        capsys,
+    )  # fmt: skip
+    assert status == 0  # one closed-loop stage: no sweep figures
+    names = sorted(p.name for p in (tmp_path / "one").iterdir())
+    assert names == ["latency_over_time.png", "tpot_itl_cdf.png", "ttft_cdf.png"]
 
 
 def test_throughput_figures_are_exact_against_known_token_counts(
