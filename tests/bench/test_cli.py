@@ -14,6 +14,7 @@ import pytest
 
 from narwhal.bench import cli
 from narwhal.bench.config import from_args
+from narwhal.bench.runner import arrival_offsets
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
@@ -288,6 +289,11 @@ def test_header_and_url_forms(engine_url: str, capsys: pytest.CaptureFixture[str
         (["--extra", "{"], "--extra is not valid JSON"),
         (["--header", "nocolon"], "--header"),
         (["--timeout", "-1"], "--timeout"),
+        (["--percentiles", "50,abc"], "--percentiles must be numbers separated by commas"),
+        (["--percentiles", "0"], "--percentiles must each be above 0 and at most 100"),
+        (["--percentiles", "50,100.5"], "--percentiles must each be above 0 and at most 100"),
+        (["--percentiles", "nan"], "--percentiles must each be above 0 and at most 100"),
+        (["--percentiles", "90,"], "--percentiles must be numbers separated by commas"),
     ],
 )
 def test_bad_flags_exit_2(
@@ -324,7 +330,7 @@ def test_plot_without_matplotlib_exits_2_with_hint(
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # import raises ImportError
     status, out, err = bench(["--url", "http://127.0.0.1:1", "--plot", str(tmp_path)], capsys)
     assert status == 2
-    assert "pip install 'narwhal[plot]'" in err
+    assert "pip install '.[plot]'" in err
     assert out == ""  # failed before sending anything
 
 
@@ -339,5 +345,121 @@ def test_plots_are_written(
     )  # fmt: skip
     assert status == 0
     names = sorted(p.name for p in (tmp_path / "plots").iterdir())
-    assert names == ["latency_over_time.png", "sweep.png", "ttft_cdf.png"]
+    assert names == [
+        "latency_over_time.png", "latency_throughput.png", "sweep.png", "tpot_itl_cdf.png",
+        "ttft_cdf.png",
+    ]  # fmt: skip
     assert all((tmp_path / "plots" / n).read_bytes()[:4] == b"\x89PNG" for n in names)
+    status, _, _ = bench(
+        ["--url", engine_url, "-n", "3", "--max-tokens", "3", "--plot", str(tmp_path / "one")],
+        capsys,
+    )  # fmt: skip
+    assert status == 0  # one closed-loop stage: no sweep figures
+    names = sorted(p.name for p in (tmp_path / "one").iterdir())
+    assert names == ["latency_over_time.png", "tpot_itl_cdf.png", "ttft_cdf.png"]
+
+
+def test_throughput_figures_are_exact_against_known_token_counts(
+    engine_url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The test engine's usage says 5 prompt tokens and sends exactly --max-tokens, one per
+    event: every figure follows from the counts and the window of the requests' own times."""
+    for flags, from_usage in (([], True), (["--no-stream"], True), (NO_USAGE, False)):
+        out_json = tmp_path / "r.json"
+        status, out, _ = bench(
+            ["--url", engine_url, "-n", "20", "-c", "4", "--max-tokens", "8",
+             "--prompt-tokens", "50", "--json", str(out_json), *flags],
+            capsys,
+        )  # fmt: skip
+        assert status == 0, flags
+        (stage,) = load(out_json)["stages"]
+        s, requests = stage["summary"], stage["requests"]
+        window = max(r["start_s"] + r["latency_s"] for r in requests) - min(
+            r["start_s"] for r in requests
+        )
+        assert s["window_s"] == pytest.approx(window)
+        input_tokens = 20 * 5 if from_usage else sum(r["prompt_tokens"] for r in requests)
+        assert s["input_tokens"] == input_tokens and s["output_tokens"] == 20 * 8, flags
+        assert s["input_tokens_from_usage"] == (20 if from_usage else 0)
+        assert s["input_tokens_per_s"] == pytest.approx(input_tokens / window)
+        assert s["output_tokens_per_s"] == pytest.approx(160 / window)
+        assert s["total_tokens_per_s"] == pytest.approx((input_tokens + 160) / window)
+        assert s["requests_per_s"] == pytest.approx(20 / window)
+        # one gap per token after the first of each streamed reply; none without a stream
+        assert s["itl_s"]["count"] == (0 if "--no-stream" in flags else 20 * 7)
+        assert f"tokens/s      input {input_tokens / s['window_s']:.1f}, output" in out
+        assert f"(input from usage: {20 if from_usage else 0} of 20)" in out
+
+
+NO_USAGE = ["--extra", '{"stream_options": {"include_usage": false}}']
+
+
+def test_percentiles_in_the_table_and_the_json(
+    engine_url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out_json = tmp_path / "r.json"
+    status, out, _ = bench(
+        ["--url", engine_url, "-n", "10", "-c", "2", "--max-tokens", "4", "--json",
+         str(out_json), "--percentiles", "99.9,50,95,50"],
+        capsys,
+    )  # fmt: skip
+    assert status == 0
+    assert "(ms)                mean       p50       p95     p99.9" in out
+    for row in ("TTFT", "TPOT", "ITL", "E2E latency"):
+        cells = next(line for line in out.splitlines() if line.startswith(f"{row:<14}"))
+        assert len(cells.split()) - len(row.split()) == 4, row  # mean and three percentiles
+    doc = load(out_json)
+    assert doc["config"]["percentiles"] == [50, 95, 99.9]  # sorted, once each
+    summary = doc["stages"][0]["summary"]
+    for key in ("ttft_s", "tpot_s", "itl_s", "latency_s"):
+        d = summary[key]
+        # the keys of before stay; each percentile asked for adds its own
+        assert {"count", "mean", "p50", "p90", "p99", "min", "max", "p95", "p99.9"} <= set(d)
+        assert d["min"] <= d["p50"] <= d["p95"] <= d["p99.9"] <= d["max"], key
+
+
+def test_duration_bounds_starts_and_a_request_in_flight_is_counted(
+    engine_url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Closed loop, one worker: its first request starts at once and answers only after
+    0.6 s, past --duration 0.2, so no second one starts; the first runs to its end and is
+    recorded, counted and part of the window."""
+    out_json = tmp_path / "r.json"
+    status, out, _ = bench(
+        ["--url", engine_url, "-n", "1000", "-c", "1", "--warmup", "0", "--max-tokens", "3",
+         "--duration", "0.2", "--extra", '{"test_first_delay": 0.6}', "--json", str(out_json)],
+        capsys,
+    )  # fmt: skip
+    assert status == 0
+    assert "requests      1 (ok 1, errors 0)" in out
+    (stage,) = load(out_json)["stages"]
+    (request,) = stage["requests"]
+    assert request["error"] is None and request["output_tokens"] == 3
+    assert request["latency_s"] >= 0.6 and request["ttft_s"] >= 0.6
+    assert stage["duration_s"] == 0.2 and stage["summary"]["window_s"] >= 0.6
+
+
+def test_duration_in_an_open_loop_sends_the_arrivals_before_it(
+    engine_url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The arrivals are seeded: pick a duration between the second and third, and exactly
+    two requests start; both are still in flight at the duration and both are counted."""
+    offsets = arrival_offsets(0, 0, 4.0)
+    first, second, third = next(offsets), next(offsets), next(offsets)
+    assert first == 0.0 and second < third
+    duration = (second + third) / 2
+    out_json = tmp_path / "r.json"
+    status, out, _ = bench(
+        ["--url", engine_url, "--rate", "4", "-n", "1000", "--warmup", "0", "--max-tokens", "2",
+         "--duration", str(duration), "--extra", f'{{"test_first_delay": {third + 0.5}}}',
+         "--json", str(out_json)],
+        capsys,
+    )  # fmt: skip
+    assert status == 0
+    (stage,) = load(out_json)["stages"]
+    assert stage["issued"] == 2 and len(stage["requests"]) == 2
+    assert all(r["error"] is None for r in stage["requests"])
+    assert all(
+        r["start_s"] + r["latency_s"] - stage["started_s"] > duration for r in stage["requests"]
+    )
+    assert "requests      2 (ok 2, errors 0)" in out

@@ -6,6 +6,7 @@ import argparse
 import ast
 import json
 from dataclasses import replace
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -150,3 +151,50 @@ def test_a_single_workload_document_has_the_new_fields_null() -> None:
     first = stage["requests"][0]
     assert first["conversation"] is None and first["turn"] is None
     assert first["system_prompt"] is None and first["usage_prompt_tokens"] is None
+
+
+# The summary's keys before the vLLM-comparable figures: readers of older documents rely on
+# every one of them, and on a distribution's.
+SUMMARY_KEYS_V1 = {
+    "requests", "ok", "errors", "error_counts", "window_s", "requests_per_s", "output_tokens",
+    "output_tokens_per_s", "events_per_s", "ttft_s", "tpot_s", "latency_s", "attainment",
+    "goodput_per_s", "admission", "client_cpu_s", "client_cpu_per_request_s", "prompt_cache",
+    "conversations",
+}  # fmt: skip
+DISTRIBUTION_KEYS_V1 = {"count", "mean", "p50", "p90", "p99", "min", "max"}
+
+
+def test_the_document_keeps_every_key_of_before_and_adds_the_new_figures() -> None:
+    res = result()
+    res.started_at = datetime(2025, 6, 1, 12, 0, 3, tzinfo=UTC)
+    res.config = replace(res.config, percentiles=(50.0, 95.0, 99.0))
+    doc = document(res, summaries(res))
+    assert doc["schema"] == "narwhal-bench/1" and doc["started_at"] == "2025-06-01T12:00:03+00:00"
+    assert doc["config"]["percentiles"] == [50.0, 95.0, 99.0]
+    summary = doc["stages"][0]["summary"]
+    assert set(summary) > SUMMARY_KEYS_V1
+    new = set(summary) - SUMMARY_KEYS_V1
+    assert new == {
+        "input_tokens", "input_tokens_per_s", "input_tokens_from_usage", "total_tokens_per_s",
+        "itl_s",
+    }  # fmt: skip
+    for key in ("ttft_s", "tpot_s", "latency_s", "itl_s"):
+        assert set(summary[key]) == DISTRIBUTION_KEYS_V1 | {"p95"}, key
+    for key in ("refusal_latency_s", "retry_after_s"):
+        assert set(summary["admission"][key]) == DISTRIBUTION_KEYS_V1, key
+    # the one success: 128 prompt tokens as sized (no usage), 4 output tokens, window 1 s
+    assert (summary["input_tokens"], summary["input_tokens_from_usage"]) == (128, 0)
+    assert summary["total_tokens_per_s"] == pytest.approx(132.0)
+
+
+def test_the_table_names_its_rows_and_its_window() -> None:
+    res = result()
+    res.started_at = datetime(2025, 6, 1, 12, 0, 3, tzinfo=UTC)
+    text = table(res, summaries(res))
+    assert "  started 2025-06-01 12:00:03 UTC" in text
+    assert "window        1.000 s (first request sent to last response ended)" in text
+    assert "tokens/s      input 128.0, output 4.0, total 132.0 (input from usage: 0 of 1)" in text
+    heading = text.index("(ms)  ")
+    rows = [line[:14].strip() for line in text[heading:].splitlines()[1:5]]
+    assert rows == ["TTFT", "TPOT", "ITL", "E2E latency"]
+    assert "ITL                    -         -         -         -" in text  # no histogram

@@ -7,6 +7,7 @@ import json
 import math
 from typing import Any
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -250,3 +251,46 @@ def test_usage_keys_inside_generated_text_do_not_count() -> None:
     fake = chat_chunk('"prompt_tokens": 77, "cached_tokens": 5', [1])
     s = scan([ROLE + fake + DONE])
     assert (s.prompt_tokens, s.cached_tokens) == (-1, -1)
+
+
+def test_inter_token_gaps_from_known_read_times() -> None:
+    reads = [
+        (ROLE + chat_chunk("Hi", [1]), 0.10),
+        (chat_chunk(" a", [2, 3]) + chat_chunk(" b", [4]), 0.13),  # two events in one read
+        (b": keep-alive\n\n", 0.15),  # no output: no gap
+        (chat_chunk(" c", [5], finish="length"), 0.19),
+        (USAGE + DONE, 0.20),
+    ]
+    for ids in (True, False):  # token ids, or one token per content delta
+        s = StreamScanner()
+        for data, now in reads:
+            s.feed(data if ids else data.replace(b',"token_ids":[', b',"x":['), now)
+        s.close(0.21)
+        assert s.gap_count == 3  # four output events
+        assert list(s.gaps) == pytest.approx([0.03, 0.06]) and s.zero_gaps == 1, ids
+        assert math.fsum(s.gaps) == pytest.approx(s.last_output - s.first_output)
+
+
+def test_inter_token_gaps_byte_by_byte_and_whole() -> None:
+    s = scan([VLLM_CHAT[i : i + 1] for i in range(len(VLLM_CHAT))])
+    assert s.marks is not None
+    times = list(s.marks[0::2])  # each of the 6 output events at the byte that ended it
+    assert list(s.gaps) == [b - a for a, b in itertools.pairwise(times)] and s.zero_gaps == 0
+    whole = scan([VLLM_CHAT])
+    assert len(whole.gaps) == 0 and whole.zero_gaps == 5  # one read: every gap 0
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(min_value=0, max_value=len(VLLM_CHAT)), max_size=8))
+def test_any_split_gives_one_gap_per_output_event_after_the_first(cuts: list[int]) -> None:
+    points = [0, *sorted(cuts), len(VLLM_CHAT)]
+    s = scan([VLLM_CHAT[a:b] for a, b in itertools.pairwise(points)])
+    assert s.gap_count == 5
+    assert math.fsum(s.gaps) == pytest.approx(s.last_output - s.first_output)
+
+
+def test_a_whole_body_has_no_inter_token_gaps() -> None:
+    body = b'{"choices":[{"message":{"content":"a b c"},"token_ids":[1,2,3]}]}'
+    s = StreamScanner()
+    s.scan_body(body, 0.5)
+    assert s.tokens == 3 and s.gap_count == 0

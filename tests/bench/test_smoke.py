@@ -11,6 +11,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 
 def run_bench(
     url: str, tmp_path: Path, *flags: str
@@ -49,6 +51,35 @@ def test_subprocess_against_narwhal_sim(sim_url: str, tmp_path: Path) -> None:
     check(proc, doc, 12)
     requests = doc["stages"][0]["requests"]
     assert all(r["output_tokens"] > 0 for r in requests)
+
+
+def test_token_throughput_against_narwhal_sim_with_exact_lengths(
+    sim_url: str, tmp_path: Path
+) -> None:
+    """Fixed prompt and output lengths with ignore_eos, the sim never sleeping: the output
+    is exactly n * --max-tokens, the input what the sim's usage counted, and every rate is
+    its count over the window of the requests' own times."""
+    proc, doc = run_bench(
+        sim_url, tmp_path, "-n", "12", "-c", "4", "--prompt-tokens", "200", "--max-tokens",
+        "16", "--ignore-eos", "--percentiles", "50,90,95,99",
+    )  # fmt: skip
+    check(proc, doc, 12)
+    (stage,) = doc["stages"]
+    s, requests = stage["summary"], stage["requests"]
+    assert s["output_tokens"] == 12 * 16
+    assert all(r["output_tokens"] == 16 and r["usage_prompt_tokens"] > 0 for r in requests)
+    prompt = sum(r["usage_prompt_tokens"] for r in requests)
+    assert (s["input_tokens"], s["input_tokens_from_usage"]) == (prompt, 12)
+    window = max(r["start_s"] + r["latency_s"] for r in requests) - min(
+        r["start_s"] for r in requests
+    )
+    assert s["window_s"] == pytest.approx(window)
+    assert s["input_tokens_per_s"] == pytest.approx(prompt / window)
+    assert s["output_tokens_per_s"] == pytest.approx(12 * 16 / window)
+    assert s["total_tokens_per_s"] == pytest.approx((prompt + 12 * 16) / window)
+    assert s["itl_s"]["count"] == 12 * 15  # the sim streams one token an event
+    assert "p95" in s["ttft_s"] and "p95" in s["itl_s"]
+    assert "tokens/s      input" in proc.stdout and "ITL" in proc.stdout
 
 
 def test_ctrl_c_reports_what_finished_and_exits_130(engine_url: str, tmp_path: Path) -> None:

@@ -8,15 +8,19 @@ import math
 import pytest
 
 from narwhal.bench.conversation import ConversationCounts
+from narwhal.bench.histogram import LogHistogram
 from narwhal.bench.record import HTTP, TIMEOUT, TRUNCATED, Record
+from narwhal.bench.scanner import StreamScanner
 from narwhal.bench.stats import (
     Slo,
     attainment,
     distribution,
     error_counts,
     goodput,
+    measured_window,
     meets_slo,
     percentile,
+    percentile_label,
     prompt_cache,
     record_tpot,
     summarize,
@@ -172,3 +176,62 @@ def test_prompt_cache_share_from_reported_usage() -> None:
     cache = prompt_cache(records)  # the third reported no cached count, the fourth failed
     assert (cache.responses, cache.prompt_tokens, cache.cached_tokens) == (2, 400, 60)
     assert cache.cached_share == pytest.approx(0.15)
+
+
+def test_itl_from_known_event_times() -> None:
+    """Two streams' output events at known times: ITL is every gap between successive
+    events, over both requests (the longer weighs more), while TPOT is one per request."""
+    first = [0.100, 0.110, 0.130, 0.160]  # gaps 10, 20, 30 ms
+    second = [0.200, 0.240, 0.240]  # gaps 40 ms, then 0 (two events in one read)
+    itl = LogHistogram()
+    records = []
+    for times in (first, second):
+        scanner = StreamScanner()
+        for i, now in enumerate(times):
+            scanner.feed(f'data: {{"choices":[{{"token_ids":[{i}]}}]}}\n\n'.encode(), now)
+        scanner.close(times[-1])
+        itl.add_all(scanner.gaps, scanner.zero_gaps)
+        records.append(rec(ttft=times[0], last_token=times[-1], tokens=len(times)))
+    s = summarize(records, 1.0, 0.0, Slo(), itl=itl, percentiles=(50, 95))
+    assert s.itl.count == 5 and s.itl.min == 0.0 and s.itl.max == pytest.approx(0.040)
+    assert s.itl.mean == pytest.approx((0.010 + 0.020 + 0.030 + 0.040) / 5)
+    # sorted gaps 0, 10, 20, 30, 40 ms: p50 is the middle, p95 at rank 3.8
+    assert s.itl.p50 == pytest.approx(0.020, rel=0.012)
+    assert s.itl.at(95) == pytest.approx(0.030 + 0.8 * 0.010, rel=0.012)
+    assert s.tpot.count == 2 and s.tpot.mean == pytest.approx((0.060 / 3 + 0.040 / 2) / 2)
+    none = summarize(records, 1.0, 0.0, Slo())  # no histogram (--no-stream): no ITL
+    assert none.itl.count == 0 and math.isnan(none.itl.p50)
+
+
+def test_input_output_and_total_token_throughput() -> None:
+    records = [rec(tokens=4), rec(tokens=6), rec(tokens=8), rec(error=TIMEOUT, tokens=3)]
+    for r, (usage, sized) in zip(records, [(100, 96), (-1, 50), (120, 1), (99, 99)], strict=True):
+        r.usage_prompt_tokens, r.prompt_tokens = usage, sized
+    s = summarize(records, window_s=2.0, cpu_s=0.0, slo=Slo())
+    # successful requests only; the server's usage when it reported one, else as sized
+    assert (s.input_tokens, s.input_from_usage, s.output_tokens) == (270, 2, 18)
+    assert s.input_tokens_per_s == pytest.approx(135.0)
+    assert s.output_tokens_per_s == pytest.approx(9.0)
+    assert s.total_tokens_per_s == pytest.approx(144.0)
+    assert math.isnan(summarize(records, 0.0, 0.0, Slo()).total_tokens_per_s)
+
+
+def test_chosen_percentiles_and_their_labels() -> None:
+    d = distribution([float(v) for v in range(1, 101)], (50, 95, 99.9))
+    assert [p for p, _ in d.percentiles] == [50, 95, 99.9]
+    assert d.at(95) == pytest.approx(95.05) and d.at(99.9) == pytest.approx(99.901)
+    assert d.at(90) == d.p90  # always computed
+    assert math.isnan(d.at(12.5))  # not asked for
+    assert [percentile_label(p) for p in (50, 95.0, 99.9, 99.99)] == [
+        "p50", "p95", "p99.9", "p99.99",
+    ]  # fmt: skip
+    empty = distribution([], (95,))
+    assert empty.count == 0 and math.isnan(empty.at(95))
+
+
+def test_measured_window_is_first_send_to_last_response_end() -> None:
+    records = [rec(latency=0.5), rec(latency=0.2), rec(latency=2.0)]
+    for r, start in zip(records, [1.0, 1.1, 0.9], strict=True):
+        r.start = start
+    assert measured_window(records, 99.0) == pytest.approx(2.9 - 0.9)
+    assert measured_window([], 3.5) == 3.5

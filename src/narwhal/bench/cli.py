@@ -82,7 +82,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--duration",
         type=float,
         metavar="S",
-        help="stop starting requests after S seconds per stage",
+        help="no request starts S seconds or more after its stage began (with -n, whichever "
+        "comes first); the requests in flight then run to their end, each bounded by "
+        "--timeout, and are counted, so a stage lasts up to S plus --timeout",
     )
     load.add_argument(
         "--warmup",
@@ -191,6 +193,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     out.add_argument("--slo-ttft", type=float, metavar="S", help="TTFT objective, seconds")
     out.add_argument("--slo-tpot", type=float, metavar="S", help="TPOT objective, seconds")
     out.add_argument(
+        "--percentiles",
+        default=defaults.DEFAULT_PERCENTILES_TEXT,
+        metavar="P1,P2,...",
+        help="percentiles of TTFT, TPOT, ITL and E2E latency in the table and the JSON, "
+        "each above 0 and at most 100 (default: %(default)s)",
+    )
+    out.add_argument(
         "--json",
         type=Path,
         metavar="FILE",
@@ -203,7 +212,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--plot",
         type=Path,
         metavar="DIR",
-        help="write PNG plots (needs: pip install 'narwhal[plot]')",
+        help="write PNG plots: TTFT CDF, TPOT and ITL CDF, latency over time; for a sweep, "
+        "goodput and latency against throughput (needs matplotlib: pip install '.[plot]')",
     )
     out.add_argument(
         "--progress",

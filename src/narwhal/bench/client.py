@@ -20,8 +20,11 @@ How failures are classified (first match wins):
                                      reason or usage)
 
 With --no-stream the whole body arrives at once: its arrival is the TTFT, and
-no TPOT is recorded. An error response's latency ends when its body has been
-read, so a refusal's cost is what a client would wait for it.
+no TPOT or inter-token gap is recorded. A successful stream's inter-token gaps
+go into the stage's `itl` histogram as the request ends (a failed one's are
+dropped, as its TTFT and TPOT are), so none of them is kept per request. An
+error response's latency ends when its body has been read, so a refusal's cost
+is what a client would wait for it.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ import msgspec
 from yarl import URL
 
 from narwhal.bench.admission import error_code, retry_after
+from narwhal.bench.histogram import LogHistogram
 from narwhal.bench.record import (
     CLIENT_ERROR,
     CONNECT,
@@ -63,6 +67,7 @@ async def execute(
     keep_marks: bool = False,
     samples: dict[str, str] | None = None,
     body_parts: list[bytes] | None = None,
+    itl: LogHistogram | None = None,
 ) -> None:
     """Send one request and record what happened; never raises for request errors.
 
@@ -123,6 +128,8 @@ async def execute(
         # A whole response arrives at once: its TTFT is that moment, its TPOT unknown.
         record.last_token = scanner.last_output if stream else NAN
     record.marks = scanner.marks
+    if itl is not None and stream and record.error is None:
+        itl.add_all(scanner.gaps, scanner.zero_gaps)
     if record.error is not None and samples is not None:
         key = error_key(record)
         if key is not None and key not in samples:

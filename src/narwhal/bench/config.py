@@ -15,7 +15,7 @@ from yarl import URL
 
 from narwhal.bench.conversation import SecondsRange
 from narwhal.bench.shared_prefix import SystemPromptSpec
-from narwhal.bench.stats import Slo
+from narwhal.bench.stats import DEFAULT_PERCENTILES, Slo
 from narwhal.bench.workload import LengthRange
 
 SINGLE = "single"
@@ -37,6 +37,7 @@ DEFAULT_SUFFIX_TOKENS = "64"
 DEFAULT_SYSTEM_PROMPT_TOKENS = "2000"
 DEFAULT_SHARED_SYSTEM_PROMPTS = 4  # shared-prefix; multi-turn has none unless asked
 ENDPOINT_PATHS = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
+DEFAULT_PERCENTILES_TEXT = ",".join(f"{p:g}" for p in DEFAULT_PERCENTILES)
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,6 +87,7 @@ class BenchConfig:
     uvloop: bool
     workload: str  # one of WORKLOADS
     prefix: PrefixPlan | None  # None for the single workload
+    percentiles: tuple[float, ...] = DEFAULT_PERCENTILES  # ascending, each in (0, 100]
 
     @property
     def sweep(self) -> bool:
@@ -150,6 +152,25 @@ def _stages(args: argparse.Namespace) -> tuple[StagePlan, ...]:
     return tuple(
         StagePlan(f"rate={r:g}/s", r, concurrency, args.requests, args.duration) for r in rates
     )
+
+
+def percentiles(text: str) -> tuple[float, ...]:
+    """`--percentiles 50,90,95,99`: numbers above 0 and at most 100, sorted, once each."""
+    values: set[float] = set()
+    for part in text.split(","):
+        try:
+            value = float(part)
+        except ValueError:
+            raise ValueError(
+                f"--percentiles must be numbers separated by commas, got {part.strip()!r} "
+                f"in {text!r}"
+            ) from None
+        if not 0 < value <= 100:  # NaN fails too
+            raise ValueError(
+                f"--percentiles must each be above 0 and at most 100, got {part.strip()!r}"
+            )
+        values.add(value)
+    return tuple(sorted(values))
 
 
 def _extra(text: str | None) -> dict[str, Any]:
@@ -279,4 +300,5 @@ def from_args(args: argparse.Namespace) -> BenchConfig:
         uvloop=not args.no_uvloop,
         workload=args.workload,
         prefix=prefix,
+        percentiles=percentiles(args.percentiles),
     )

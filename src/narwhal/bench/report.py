@@ -2,6 +2,9 @@
 
 JSON values that were not observed (a TTFT of a failed request, a percentile of
 nothing) are `null`. Times are seconds in JSON and milliseconds in the table.
+Every distribution in the JSON has `count`, `mean`, `p50`, `p90`, `p99`, `min`
+and `max`, and a `p<N>` key for each of `--percentiles` (`p95`, `p99.9`); the
+table's columns are the mean and `--percentiles`.
 The admission figures (`stats.AdmissionSummary`) are always in the JSON, but in
 the table only for stages that saw a 429, so a plain engine's report is as it was;
 so are the prompt cache figures (in the table where a server reported cached
@@ -21,6 +24,7 @@ import msgspec
 
 from narwhal.bench.admission import outcome
 from narwhal.bench.config import MULTI_TURN, BenchConfig
+from narwhal.bench.context import lengths_text, narwhal_version, slo_text, when_text
 from narwhal.bench.record import Record
 from narwhal.bench.runner import StageResult
 from narwhal.bench.session import BenchResult
@@ -30,18 +34,29 @@ from narwhal.bench.stats import (
     Distribution,
     StageSummary,
     meets_slo,
+    percentile_label,
     record_tpot,
     summarize,
 )
-from narwhal.bench.workload import LengthRange
 
 SCHEMA = "narwhal-bench/1"
 TABLE_TURNS = 10  # turn numbers shown in the table; the JSON has every one
 
 
 def summaries(result: BenchResult) -> list[StageSummary]:
-    slo = result.config.slo
-    return [summarize(s.records, s.window_s, s.cpu_s, slo, s.conversations) for s in result.stages]
+    c = result.config
+    return [
+        summarize(
+            s.records,
+            s.window_s,
+            s.cpu_s,
+            c.slo,
+            s.conversations,
+            itl=s.itl,
+            percentiles=c.percentiles,
+        )
+        for s in result.stages
+    ]
 
 
 # -- table --------------------------------------------------------------------------------
@@ -60,58 +75,21 @@ def _pct(value: float) -> str:
 
 
 def _slo_text(result: BenchResult) -> str:
-    slo = result.config.slo
-    parts = []
-    if slo.ttft_s is not None:
-        parts.append(f"TTFT <= {slo.ttft_s:g} s")
-    if slo.tpot_s is not None:
-        parts.append(f"TPOT <= {slo.tpot_s:g} s")
-    return " and ".join(parts) if parts else "none set (success only)"
-
-
-def _range(r: LengthRange) -> str:
-    return str(r.low) if r.low == r.high else f"{r.low}:{r.high}"
-
-
-def _prefix_text(c: BenchConfig) -> str:
-    """The prefix workload's shape, for the header."""
-    prefix = c.prefix
-    assert prefix is not None
-    parts: list[str] = [c.workload]
-    if c.workload == MULTI_TURN:
-        if c.dataset is not None:
-            replies = "its own replies" if prefix.dataset_replies else "the replies received"
-            parts.append(f"conversations of {c.dataset} with {replies}")
-        else:
-            parts.append(f"{_range(prefix.turns)} turns of {_range(prefix.suffix_tokens)} tokens")
-        think = prefix.think_s
-        seconds = f"{think.low:g}" if think.low == think.high else f"{think.low:g}:{think.high:g}"
-        parts.append(f"think {seconds} s")
-    else:
-        parts.append(f"suffix {_range(prefix.suffix_tokens)} tokens")
-    system = prefix.system_prompts
-    if system is not None:
-        pick = "uniform" if system.zipf is None else f"Zipf {system.zipf:g}"
-        parts.append(f"{system.count} system prompts of {_range(system.tokens)} tokens ({pick})")
-    return ", ".join(parts)
+    return slo_text(result.config.slo) or "none set (success only)"
 
 
 def _header(result: BenchResult) -> list[str]:
     c = result.config
     mode = "stream" if c.stream else "no-stream"
     ids = "token ids" if c.token_ids else "no token ids"
-    output = f"max {_range(c.max_tokens)} output tokens"
-    if c.prefix is not None:
-        lengths = f"{_prefix_text(c)}, {output}"
-    elif c.dataset is not None:
-        lengths = f"dataset {c.dataset}"
-    else:
-        lengths = f"prompt {_range(c.prompt_tokens)} tokens, {output}"
     lines = [
         f"narwhal bench  model {result.model}  {c.endpoint}  {mode}  {ids}",
         f"  {', '.join(c.urls)}",
-        f"  {lengths}, warm-up {c.warmup}, seed {c.seed}",
+        f"  {lengths_text(c)}, warm-up {c.warmup}, seed {c.seed}",
     ]
+    when = when_text(result.started_at)
+    if when is not None:
+        lines.append(f"  started {when}")
     if result.warmup_errors:
         failed = sum(result.warmup_errors.values())
         kinds = ", ".join(f"{k}: {v}" for k, v in result.warmup_errors.items())
@@ -119,14 +97,26 @@ def _header(result: BenchResult) -> list[str]:
     return lines
 
 
-def _dist_row(name: str, d: Distribution) -> str:
-    return f"{name:<14}{_ms(d.mean):>10}{_ms(d.p50):>10}{_ms(d.p90):>10}{_ms(d.p99):>10}"
+def _dist_heading(name: str, percentiles: tuple[float, ...]) -> str:
+    return f"{name:<14}{'mean':>10}" + "".join(f"{percentile_label(p):>10}" for p in percentiles)
+
+
+def _dist_row(name: str, d: Distribution, percentiles: tuple[float, ...]) -> str:
+    return f"{name:<14}{_ms(d.mean):>10}" + "".join(f"{_ms(d.at(p)):>10}" for p in percentiles)
+
+
+def _tokens_line(s: StageSummary) -> str:
+    return (
+        f"{'tokens/s':<14}input {_num(s.input_tokens_per_s)}, output "
+        f"{_num(s.output_tokens_per_s)}, total {_num(s.total_tokens_per_s)} "
+        f"(input from usage: {s.input_from_usage} of {s.ok})"
+    )
 
 
 def _stage_block(result: BenchResult, stage: StageResult, s: StageSummary) -> list[str]:
     lines = [f"== {stage.plan.name}{'  (interrupted)' if stage.interrupted else ''} =="]
     lines.append(f"{'requests':<14}{s.requests} (ok {s.ok}, errors {s.errors})")
-    lines.append(f"{'window':<14}{s.window_s:.3f} s")
+    lines.append(f"{'window':<14}{s.window_s:.3f} s (first request sent to last response ended)")
     if stage.plan.rate is not None:
         queued = f", {stage.client_queued} waited for a connection" if stage.client_queued else ""
         arrivals = "Poisson"
@@ -141,16 +131,19 @@ def _stage_block(result: BenchResult, stage: StageResult, s: StageSummary) -> li
         f"{'throughput':<14}{_num(s.requests_per_s)} req/s, "
         f"{_num(s.output_tokens_per_s)} output tok/s, {_num(s.events_per_s)} events/s"
     )
-    lines.append(f"{'(ms)':<14}{'mean':>10}{'p50':>10}{'p90':>10}{'p99':>10}")
-    lines.append(_dist_row("TTFT", s.ttft))
-    lines.append(_dist_row("TPOT", s.tpot))
-    lines.append(_dist_row("latency", s.latency))
+    lines.append(_tokens_line(s))
+    pcts = result.config.percentiles
+    lines.append(_dist_heading("(ms)", pcts))
+    lines.append(_dist_row("TTFT", s.ttft, pcts))
+    lines.append(_dist_row("TPOT", s.tpot, pcts))
+    lines.append(_dist_row("ITL", s.itl, pcts))
+    lines.append(_dist_row("E2E latency", s.latency, pcts))
     lines.append(
         f"{'SLO':<14}{_slo_text(result)}: attainment {_pct(s.attainment)}, "
         f"goodput {_num(s.goodput_per_s)} req/s"
     )
     if s.conversations is not None:
-        lines.extend(_conversation_lines(s.conversations))
+        lines.extend(_conversation_lines(s.conversations, pcts))
     cache = s.prompt_cache
     if cache.responses:
         lines.append(
@@ -164,12 +157,12 @@ def _stage_block(result: BenchResult, stage: StageResult, s: StageSummary) -> li
         lines.append(f"{'errors':<14}{errors}")
     lines.append(
         f"{'client CPU':<14}{_num(s.cpu_per_request_s * 1e3, 3)} ms/request "
-        f"({s.cpu_s:.3f} s over the window)"
+        f"({s.cpu_s:.3f} s over the stage)"
     )
     return lines
 
 
-def _conversation_lines(c: ConversationSummary) -> list[str]:
+def _conversation_lines(c: ConversationSummary, percentiles: tuple[float, ...]) -> list[str]:
     ended = [f"{c.completed} completed", f"{c.failed} ended by a failed turn"]
     if c.unreadable:
         ended.append(f"{c.unreadable} by a reply it could not read")
@@ -178,10 +171,10 @@ def _conversation_lines(c: ConversationSummary) -> list[str]:
     lines = [
         f"{'conversations':<14}{c.started} started: {', '.join(ended)}",
         f"{'turns':<14}mean {_num(t.mean)} per conversation, max {_num(t.max, 0)}",
-        f"{'TTFT by turn':<14}{'mean':>10}{'p50':>10}{'p90':>10}{'p99':>10}",
+        _dist_heading("TTFT by turn", percentiles),
     ]
     for row in c.ttft_by_turn[:TABLE_TURNS]:
-        lines.append(_dist_row(f"  turn {row.turn}", row.ttft))
+        lines.append(_dist_row(f"  turn {row.turn}", row.ttft, percentiles))
     if len(c.ttft_by_turn) > TABLE_TURNS:
         lines.append(f"  turns {TABLE_TURNS + 1}-{c.ttft_by_turn[-1].turn}: in the JSON")
     return lines
@@ -273,6 +266,21 @@ def table(result: BenchResult, sums: list[StageSummary]) -> str:
 # -- JSON ---------------------------------------------------------------------------------
 
 
+def distribution_dict(d: Distribution) -> dict[str, Any]:
+    """count, mean, p50, p90, p99, min, max, then a p<N> for each percentile asked for."""
+    out: dict[str, Any] = {
+        "count": d.count,
+        "mean": d.mean,
+        "p50": d.p50,
+        "p90": d.p90,
+        "p99": d.p99,
+        "min": d.min,
+        "max": d.max,
+    }
+    out.update((percentile_label(p), value) for p, value in d.percentiles)
+    return out
+
+
 def summary_dict(s: StageSummary) -> dict[str, Any]:
     return {
         "requests": s.requests,
@@ -283,17 +291,30 @@ def summary_dict(s: StageSummary) -> dict[str, Any]:
         "requests_per_s": s.requests_per_s,
         "output_tokens": s.output_tokens,
         "output_tokens_per_s": s.output_tokens_per_s,
+        "input_tokens": s.input_tokens,
+        "input_tokens_per_s": s.input_tokens_per_s,
+        "input_tokens_from_usage": s.input_from_usage,
+        "total_tokens_per_s": s.total_tokens_per_s,
         "events_per_s": s.events_per_s,
-        "ttft_s": asdict(s.ttft),
-        "tpot_s": asdict(s.tpot),
-        "latency_s": asdict(s.latency),
+        "ttft_s": distribution_dict(s.ttft),
+        "tpot_s": distribution_dict(s.tpot),
+        "itl_s": distribution_dict(s.itl),
+        "latency_s": distribution_dict(s.latency),
         "attainment": s.attainment,
         "goodput_per_s": s.goodput_per_s,
-        "admission": asdict(s.admission),
+        "admission": _admission_dict(s.admission),
         "client_cpu_s": s.cpu_s,
         "client_cpu_per_request_s": s.cpu_per_request_s,
         "prompt_cache": {**asdict(s.prompt_cache), "cached_share": s.prompt_cache.cached_share},
         "conversations": None if s.conversations is None else _conversation_dict(s.conversations),
+    }
+
+
+def _admission_dict(a: AdmissionSummary) -> dict[str, Any]:
+    return {
+        **{k: v for k, v in asdict(a).items() if k not in ("refusal_latency_s", "retry_after_s")},
+        "refusal_latency_s": distribution_dict(a.refusal_latency_s),
+        "retry_after_s": distribution_dict(a.retry_after_s),
     }
 
 
@@ -304,8 +325,10 @@ def _conversation_dict(c: ConversationSummary) -> dict[str, Any]:
         "failed": c.failed,
         "unreadable": c.unreadable,
         "cut": c.cut,
-        "turns": asdict(c.turns),
-        "ttft_by_turn_s": [{"turn": row.turn, **asdict(row.ttft)} for row in c.ttft_by_turn],
+        "turns": distribution_dict(c.turns),
+        "ttft_by_turn_s": [
+            {"turn": row.turn, **distribution_dict(row.ttft)} for row in c.ttft_by_turn
+        ],
     }
 
 
@@ -364,6 +387,7 @@ def _config_dict(result: BenchResult) -> dict[str, Any]:
         "slo_tpot_s": c.slo.tpot_s,
         "workload": c.workload,
         "prefix": None if c.prefix is None else _prefix_dict(c),
+        "percentiles": list(c.percentiles),
     }
 
 
@@ -386,6 +410,8 @@ def document(result: BenchResult, sums: list[StageSummary]) -> dict[str, Any]:
     """The whole run as one JSON-ready object (NaN becomes null when encoded)."""
     return {
         "schema": SCHEMA,
+        "started_at": None if result.started_at is None else result.started_at.isoformat(),
+        "narwhal_version": narwhal_version(),
         "interrupted": result.interrupted,
         "config": _config_dict(result),
         "error_samples": result.error_samples,

@@ -28,12 +28,19 @@
   `--url` (round-robin by conversation), as one client's session would.
   A request that finds `concurrency` requests in flight counts as
   `client_queued`; the start lag is the conversations' arrivals'.
-- Either way no request starts after the stage's end, the stage waits for the
-  ones in flight (each bounded by --timeout), and the next stage starts from an
-  idle client. Warm-up requests go first and are not recorded (for conversations:
-  whole conversations, closed loop, until the warm-up's requests were sent).
-- A stage's window runs from its start to its last response; the client's CPU
-  (user + system, `getrusage`) is measured over the same window.
+- `duration_s` (`--duration`) bounds when requests start, not when they end:
+  no request starts `duration_s` or more after the stage began; the requests in
+  flight then run to their end (each bounded by --timeout) and are recorded and
+  counted like any other, so a stage lasts up to `duration_s` + --timeout.
+  Either way (`requests` sent or `duration_s` passed) the stage waits for the
+  ones in flight, and the next stage starts from an idle client. Warm-up
+  requests go first and are not recorded (for conversations: whole
+  conversations, closed loop, until the warm-up's requests were sent).
+- A stage's measured window runs from its first request's send to the end of its
+  last response (`measured_window`): the denominator of every rate in its
+  report. The client's CPU (user + system, `getrusage`) is measured over the
+  whole stage, which starts when the first request is sent and ends once the
+  last response has been recorded.
 - `interrupt()` (Ctrl-C) stops starting requests, cancels those in flight
   (they are not recorded) and ends the run after the current stage.
 """
@@ -46,7 +53,7 @@ import random
 import resource
 import time
 from collections.abc import Coroutine, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
@@ -63,10 +70,11 @@ from narwhal.bench.conversation import (
     ConversationCounts,
     Conversations,
 )
+from narwhal.bench.histogram import LogHistogram
 from narwhal.bench.progress import Counters
 from narwhal.bench.record import Record
 from narwhal.bench.reply import reply_text
-from narwhal.bench.stats import error_counts
+from narwhal.bench.stats import error_counts, measured_window
 from narwhal.bench.workload import RequestSource, RequestSpec
 
 perf = time.perf_counter
@@ -91,6 +99,7 @@ class StageResult:
     max_lag_s: float = 0.0  # open loop: the latest a request started after its arrival
     conversations: ConversationCounts | None = None  # conversation workloads only
     conversation_rate: float = math.nan  # open loop: conversations' arrivals per second
+    itl: LogHistogram = field(default_factory=LogHistogram)  # successful streams' gaps
 
     @property
     def offered_per_s(self) -> float:
@@ -119,6 +128,7 @@ class _Stage:
     arrivals: _Arrivals
     counts: ConversationCounts
     planned: int = 0  # conversations: turns planned, less those not sent after an early end
+    itl: LogHistogram = field(default_factory=LogHistogram)
 
 
 class Runner:
@@ -180,7 +190,7 @@ class Runner:
             await self._closed(plan, stage)
         else:
             await self._open(plan, plan.rate, number, stage)
-        window = perf() - start
+        span = perf() - start
         cpu = cpu_seconds() - cpu0
         arrivals = stage.arrivals
         source = self._workload
@@ -189,7 +199,7 @@ class Runner:
             plan=plan,
             records=stage.records,
             started=start - self._origin,
-            window_s=window,
+            window_s=measured_window(stage.records, span),
             cpu_s=cpu,
             issued=arrivals.issued,
             interrupted=self._stopping,
@@ -198,6 +208,7 @@ class Runner:
             max_lag_s=arrivals.max_lag_s,
             conversations=stage.counts if conversations else None,
             conversation_rate=_conversation_rate(plan.rate, source),
+            itl=stage.itl,
         )
 
     def _stage(self, plan: StagePlan, deadline: float | None, started: float) -> _Stage:
@@ -225,6 +236,7 @@ class Runner:
             keep_marks=self._keep_marks,
             samples=self.error_samples,
             body_parts=body_parts,
+            itl=stage.itl,
         )
         stage.records.append(record)
         counters = self._counters

@@ -27,6 +27,14 @@ How a read is handled:
   arrival time (an event with k ids gives k tokens at one instant). TTFT is the
   first such time; TPOT divides the span from first to last token by the
   tokens after the first, so no spreading within an event is needed.
+- Inter-token gaps (ITL): one per output event after the first, the time from
+  the output event before it. An output event is one whose `token_ids` array
+  holds ids or, without ids, one output-carrying delta. Events that arrived in
+  one read share its time, so all but the first of a region's output events have
+  a gap of 0; those are counted (`zero_gaps`), the others kept in `gaps` (one
+  double per read, only for the request's lifetime). The count is additive over
+  regions, so it too does not depend on the split, and the gaps add up to the
+  span from the first output to the last.
 - `usage.completion_tokens` and an error event (`{"error": ...}`) come last,
   right before `[DONE]`, so `close()` looks for them only in the last
   `_TAIL` bytes of the last two regions that held data events; so do
@@ -66,11 +74,18 @@ _USAGE_OBJ_RE = re.compile(rb'"usage"\s*:\s*\{')
 
 def count_token_ids(region: bytes) -> int:
     """Ids in all the `"token_ids"` arrays of a region; -1 when it has no such array."""
+    return token_id_counts(region)[0]
+
+
+def token_id_counts(region: bytes) -> tuple[int, int]:
+    """Ids in all the `"token_ids"` arrays of a region, and the arrays that hold any;
+    (-1, 0) when it has no such array."""
     found = _IDS_RE.findall(region)
     if not found:
-        return -1
+        return -1, 0
+    empty = found.count(b"")
     # n arrays joined by n - 1 commas: ids = commas in the join + 1 - empty arrays.
-    return b",".join(found).count(b",") + 1 - found.count(b"")
+    return b",".join(found).count(b",") + 1 - empty, len(found) - empty
 
 
 def count_text_events(region: bytes) -> int:
@@ -109,12 +124,14 @@ class StreamScanner:
         "error_text",
         "events",
         "first_output",
+        "gaps",
         "ids",
         "last_output",
         "marks",
         "prompt_tokens",
         "text_events",
         "usage_tokens",
+        "zero_gaps",
     )
 
     def __init__(self, keep_marks: bool = False) -> None:
@@ -136,6 +153,8 @@ class StreamScanner:
         self.error_text = b""  # the start of the first error event
         # (time, tokens) per region with output, only when asked for.
         self.marks: array[float] | None = array("d") if keep_marks else None
+        self.gaps: array[float] = array("d")  # inter-token gaps above 0 (streams only)
+        self.zero_gaps = 0  # output events that shared a read with the one before
 
     def feed(self, data: bytes, now: float) -> None:
         """Scan the complete events that `data` finishes; keep the rest for later."""
@@ -176,12 +195,17 @@ class StreamScanner:
         self._ending(self._prev)
         self._ending(self._last)
 
+    @property
+    def gap_count(self) -> int:
+        """Inter-token gaps: output events after the first."""
+        return len(self.gaps) + self.zero_gaps
+
     def scan_body(self, body: bytes, now: float) -> None:
         """A non-streaming response: the whole body is one event."""
         self.events = 1
         self.done = True
         self._last = body
-        self._output(body, now)
+        self._output(body, now, streamed=False)
         self._ending(body, usage_from=0)
 
     @property
@@ -211,18 +235,26 @@ class StreamScanner:
             data = data[:-1]
         return data.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
 
-    def _output(self, region: bytes, now: float) -> None:
-        k = count_token_ids(region)
+    def _output(self, region: bytes, now: float, streamed: bool = True) -> None:
+        k, output_events = token_id_counts(region)
         if k > 0:
             self.ids = k if self.ids < 0 else self.ids + k
         else:
             if k == 0 and self.ids < 0:
                 self.ids = 0
-            k = count_text_events(region)
+            k = output_events = count_text_events(region)
             self.text_events += k
         if k > 0:
             if self.first_output < 0.0:
                 self.first_output = now
+            elif streamed:
+                gap = now - self.last_output
+                if gap > 0.0:
+                    self.gaps.append(gap)
+                else:
+                    self.zero_gaps += 1
+            if streamed:
+                self.zero_gaps += output_events - 1
             self.last_output = now
             if self.marks is not None:
                 self.marks.append(now)

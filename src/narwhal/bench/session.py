@@ -13,6 +13,7 @@ import contextlib
 import signal
 import sys
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 
 import aiohttp
 
@@ -41,6 +42,7 @@ class BenchResult:
     interrupted: bool
     error_samples: dict[str, str]
     warmup_errors: dict[str, int] = field(default_factory=dict)  # by key, as a stage's
+    started_at: datetime | None = None  # when the run began (UTC)
 
 
 def _session(config: BenchConfig) -> aiohttp.ClientSession:
@@ -119,6 +121,7 @@ async def run_bench(
     transcripts: list[Transcript] | None = None,
 ) -> BenchResult:
     """Run every stage; raises `SetupError` when no model can be found."""
+    started_at = datetime.now(UTC)
     loop = asyncio.get_running_loop()
     async with _session(config) as session:
         model = config.model or await discover_model(
@@ -155,5 +158,11 @@ async def run_bench(
             if handled:
                 loop.remove_signal_handler(signal.SIGINT)
     return BenchResult(
-        config, model, stages, runner.stopping, runner.error_samples, runner.warmup_errors
+        config,
+        model,
+        stages,
+        runner.stopping,
+        runner.error_samples,
+        runner.warmup_errors,
+        started_at,
     )

@@ -5,10 +5,27 @@ Percentiles use linear interpolation between closest ranks (NumPy's default
 r = p/100 * (n - 1); with r = i + f it is v[i] + f * (v[i+1] - v[i]). No values
 give NaN; one value gives that value for every p.
 
+Every distribution has its mean, p50, p90, p99, minimum and maximum, and the
+percentiles asked for (`--percentiles`) besides.
+
 TPOT is the time per output token after the first:
 (last token time - first token time) / (tokens - 1). Tokens that arrived in one
 event share its arrival time (see `scanner`), so this equals the mean gap
 between consecutive tokens. A request with fewer than two tokens has none.
+vLLM's `vllm bench serve` computes the same: its request latency ends at the
+last chunk that carries tokens.
+
+ITL (inter-token latency) is the distribution of the gaps between successive
+output events of every successful streamed request (see `scanner`), counted in a
+`LogHistogram`: one value per gap, so long replies weigh more than short ones
+(TPOT weighs every request once), as in vLLM's ITL. E2E latency (`latency`) runs
+from send to the end of the whole response.
+
+Throughput: over the stage's measured window (its first request's send to the
+end of its last response, see `runner`), and over successful requests:
+requests, output tokens, input tokens (each request's prompt as the server's
+usage counted it, else as the bench sized it, about 4 characters a token) and
+their total, per second.
 
 SLOs: a request meets them when it succeeded, its TTFT is at most `ttft_s` (if
 set) and its TPOT at most `tpot_s` (if set; a request without a TPOT passes
@@ -40,13 +57,15 @@ from __future__ import annotations
 import math
 from collections import Counter
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from narwhal.bench.admission import ADMITTED, REFUSAL_CODES, REFUSED, TTFT_BUDGET, outcome
 from narwhal.bench.conversation import ConversationCounts
+from narwhal.bench.histogram import LogHistogram
 from narwhal.bench.record import Record, error_key
 
 NAN = math.nan
+DEFAULT_PERCENTILES = (50.0, 90.0, 99.0)
 
 
 def percentile(sorted_values: Sequence[float], p: float) -> float:
@@ -61,6 +80,11 @@ def percentile(sorted_values: Sequence[float], p: float) -> float:
     return sorted_values[low] + (sorted_values[high] - sorted_values[low]) * frac
 
 
+def percentile_label(p: float) -> str:
+    """How a percentile is named in the table and the JSON: p50, p99.9."""
+    return f"p{p:.10g}"
+
+
 @dataclass(frozen=True, slots=True)
 class Distribution:
     count: int
@@ -70,13 +94,29 @@ class Distribution:
     p99: float
     min: float
     max: float
+    # The percentiles asked for, (p, value) in their order (p50, p90 and p99 are
+    # above whatever was asked: the sweep table and older readers of the JSON use them).
+    percentiles: tuple[tuple[float, float], ...] = ()
+
+    def at(self, p: float) -> float:
+        """The p-th percentile if it was computed, else NaN."""
+        for q, value in self.percentiles:
+            if q == p:
+                return value
+        return {50.0: self.p50, 90.0: self.p90, 99.0: self.p99}.get(p, NAN)
 
 
-def distribution(values: Iterable[float]) -> Distribution:
+def _empty(percentiles: Sequence[float]) -> Distribution:
+    return Distribution(0, NAN, NAN, NAN, NAN, NAN, NAN, tuple((p, NAN) for p in percentiles))
+
+
+def distribution(
+    values: Iterable[float], percentiles: Sequence[float] = DEFAULT_PERCENTILES
+) -> Distribution:
     """Mean, percentiles and extremes of the values that are not NaN."""
     kept = sorted(v for v in values if not math.isnan(v))
     if not kept:
-        return Distribution(0, NAN, NAN, NAN, NAN, NAN, NAN)
+        return _empty(percentiles)
     return Distribution(
         count=len(kept),
         mean=math.fsum(kept) / len(kept),
@@ -85,6 +125,25 @@ def distribution(values: Iterable[float]) -> Distribution:
         p99=percentile(kept, 99),
         min=kept[0],
         max=kept[-1],
+        percentiles=tuple((p, percentile(kept, p)) for p in percentiles),
+    )
+
+
+def histogram_distribution(
+    histogram: LogHistogram, percentiles: Sequence[float] = DEFAULT_PERCENTILES
+) -> Distribution:
+    """The same figures from a histogram (its percentiles within half a bin)."""
+    if not histogram.count:
+        return _empty(percentiles)
+    return Distribution(
+        count=histogram.count,
+        mean=histogram.mean,
+        p50=histogram.percentile(50),
+        p90=histogram.percentile(90),
+        p99=histogram.percentile(99),
+        min=histogram.min,
+        max=histogram.max,
+        percentiles=tuple((p, histogram.percentile(p)) for p in percentiles),
     )
 
 
@@ -198,7 +257,9 @@ class ConversationSummary:
 
 
 def conversation_summary(
-    records: Sequence[Record], counts: ConversationCounts
+    records: Sequence[Record],
+    counts: ConversationCounts,
+    percentiles: Sequence[float] = DEFAULT_PERCENTILES,
 ) -> ConversationSummary:
     turns: Counter[int] = Counter(r.conversation for r in records if r.conversation >= 0)
     by_turn: dict[int, list[float]] = {}
@@ -212,7 +273,9 @@ def conversation_summary(
         unreadable=counts.unreadable,
         cut=counts.cut,
         turns=distribution(float(n) for n in turns.values()),
-        ttft_by_turn=tuple(TurnTtft(k, distribution(by_turn[k])) for k in sorted(by_turn)),
+        ttft_by_turn=tuple(
+            TurnTtft(k, distribution(by_turn[k], percentiles)) for k in sorted(by_turn)
+        ),
     )
 
 
@@ -251,7 +314,7 @@ class StageSummary:
     events_per_s: float
     ttft: Distribution
     tpot: Distribution
-    latency: Distribution
+    latency: Distribution  # end to end
     attainment: float
     goodput_per_s: float
     admission: AdmissionSummary
@@ -259,10 +322,37 @@ class StageSummary:
     cpu_per_request_s: float
     prompt_cache: PromptCache
     conversations: ConversationSummary | None = None
+    input_tokens: int = 0  # successful requests' prompts
+    input_from_usage: int = 0  # successful requests whose prompt the server's usage counted
+    itl: Distribution = field(default_factory=lambda: _empty(()))
+
+    @property
+    def input_tokens_per_s(self) -> float:
+        return _rate(self.input_tokens, self.window_s)
+
+    @property
+    def total_tokens_per_s(self) -> float:
+        """Input and output tokens per second."""
+        return _rate(self.input_tokens + self.output_tokens, self.window_s)
+
+
+def measured_window(records: Sequence[Record], fallback: float) -> float:
+    """From the first request's send to the end of the last response; `fallback` (the
+    stage's own span) when nothing was recorded."""
+    if not records:
+        return fallback
+    first = min(r.start for r in records)
+    last = max(r.start + r.latency for r in records)
+    return last - first
 
 
 def _rate(count: float, window_s: float) -> float:
     return count / window_s if window_s > 0 else NAN
+
+
+def input_tokens(record: Record) -> int:
+    """The request's prompt tokens: as the server's usage counted them, else as sized."""
+    return record.usage_prompt_tokens if record.usage_prompt_tokens >= 0 else record.prompt_tokens
 
 
 def summarize(
@@ -271,6 +361,9 @@ def summarize(
     cpu_s: float,
     slo: Slo,
     conversations: ConversationCounts | None = None,
+    *,
+    itl: LogHistogram | None = None,
+    percentiles: Sequence[float] = DEFAULT_PERCENTILES,
 ) -> StageSummary:
     """Everything the report shows for one stage."""
     ok = [r for r in records if r.error is None]
@@ -285,9 +378,9 @@ def summarize(
         output_tokens=tokens,
         output_tokens_per_s=_rate(tokens, window_s),
         events_per_s=_rate(sum(r.events for r in records), window_s),
-        ttft=distribution(r.ttft for r in ok),
-        tpot=distribution(record_tpot(r) for r in ok),
-        latency=distribution(r.latency for r in ok),
+        ttft=distribution((r.ttft for r in ok), percentiles),
+        tpot=distribution((record_tpot(r) for r in ok), percentiles),
+        latency=distribution((r.latency for r in ok), percentiles),
         attainment=attainment(records, slo),
         goodput_per_s=goodput(records, slo, window_s),
         admission=admission_summary(records, slo),
@@ -296,5 +389,8 @@ def summarize(
         prompt_cache=prompt_cache(records),
         conversations=None
         if conversations is None
-        else conversation_summary(records, conversations),
+        else conversation_summary(records, conversations, percentiles),
+        input_tokens=sum(input_tokens(r) for r in ok),
+        input_from_usage=sum(1 for r in ok if r.usage_prompt_tokens >= 0),
+        itl=histogram_distribution(itl if itl is not None else LogHistogram(), percentiles),
     )
