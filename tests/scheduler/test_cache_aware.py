@@ -267,3 +267,25 @@ def test_an_engine_that_does_not_cache_prefixes_is_priced_for_the_whole_prompt()
         0.0,
     )  # fmt: skip
     assert prefix.cached_tokens(entry, placement(prefix, SECOND_TURN)) == 0
+
+
+def test_for_a_prefill_decode_pair_the_prefill_engine_cache_counts() -> None:
+    engines = [
+        EngineConfig(name=name, url=f"http://127.0.0.1/{name}", role=role)  # type: ignore[arg-type]
+        for name, role in (("p0", "prefill"), ("p1", "prefill"), ("d0", "decode"))
+    ]
+    registry = EngineRegistry(engines)
+    book = ModelBook(registry.entries, ttft_budget_s=2.0)
+    probes = [ProbeSample(p, A + B * p / 1000, 0.006) for p in (64, 512, 2048)]
+    for name, entry in registry.entries.items():
+        entry.model = book.model(name)
+        entry.model.install(fit_profile(probes, source="token_ids", wall=0, now=0))
+    prefix = cache_of(registry)
+    scheduler = Scheduler(registry, ProjectingScorer(book, prefix=prefix), prefix=prefix)
+    warm(prefix, registry, "p1", FIRST_TURN)
+    plan = scheduler.plan(placement(prefix, SECOND_TURN))
+    assert plan is not None and plan.prefill is not None
+    assert plan.prefill.name == "p1" and plan.decode.name == "d0"
+    assert plan.cached_tokens > 7800
+    # The decode engine's index is not written: it never computes the prompt.
+    assert len(prefix.engines["d0"].index) == 0
