@@ -1,0 +1,246 @@
+"""deploy/kubernetes: valid Kubernetes objects, and a Narwhal configuration that works there.
+
+The manifests are checked against Kubernetes' own schemas by `kubernetes-validate` (the
+schemas ship in the package; nothing is downloaded), strictly, so a misspelt field fails.
+The ConfigMap's narwhal.yaml is checked by `narwhal check-config` with the secrets the
+Deployment passes in, and started as a router where nothing it names resolves, as a pod
+does before the engines and etcd are up. What ties the files together is checked too:
+probes, ports, selectors, the grace period against the shutdown timings, etcd's members.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+import yaml
+
+from tests.processes import narwhal_process
+
+DEPLOY = Path(__file__).resolve().parents[2] / "deploy" / "kubernetes"
+MANIFESTS = sorted(p for p in DEPLOY.glob("*.yaml") if p.name != "kustomization.yaml")
+# The oldest Kubernetes the manifests claim, and the newest the package bundles schemas of.
+KUBERNETES_VERSIONS = ("1.30.0", "1.37.0")
+# DESIGN.md's default, for as long as the configuration has no serving.shutdown_delay_s.
+DOCUMENTED_SHUTDOWN_DELAY_S = 5.0
+
+
+def _documents(path: Path) -> list[dict[str, Any]]:
+    return [doc for doc in yaml.safe_load_all(path.read_text()) if doc]
+
+
+def _resource(kind: str, name: str) -> dict[str, Any]:
+    found = [
+        doc
+        for path in MANIFESTS
+        for doc in _documents(path)
+        if doc["kind"] == kind and doc["metadata"]["name"] == name
+    ]
+    assert len(found) == 1, f"{kind}/{name}: {len(found)} found"
+    return found[0]
+
+
+def _router_container() -> dict[str, Any]:
+    containers = _resource("Deployment", "narwhal")["spec"]["template"]["spec"]["containers"]
+    (container,) = (c for c in containers if c["name"] == "narwhal")
+    return dict(container)
+
+
+def _kubernetes_validate(version: str, *paths: Path) -> list[str]:
+    """kubernetes-validate's report on `paths`, one line a resource, every one passed."""
+    result = subprocess.run(
+        [sys.executable, "-m", "kubernetes_validate", "--strict", "-k", version]
+        + [str(p) for p in paths],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    lines = result.stdout.splitlines()
+    # An unknown kind or apiVersion is only a WARN, with exit status 0: it fails here.
+    assert [line for line in lines if not line.startswith("INFO ")] == []
+    return lines
+
+
+@pytest.mark.parametrize("version", KUBERNETES_VERSIONS)
+def test_every_manifest_is_a_valid_kubernetes_object(version: str) -> None:
+    passed = [line for line in _kubernetes_validate(version, *MANIFESTS) if " passed for " in line]
+    assert len(passed) == sum(len(_documents(p)) for p in MANIFESTS)
+
+
+def test_kustomization_applies_every_manifest_but_the_examples() -> None:
+    kustomization = yaml.safe_load((DEPLOY / "kustomization.yaml").read_text())
+    applied = {p.name for p in MANIFESTS if not p.name.endswith(".example.yaml")}
+    assert sorted(kustomization["resources"]) == sorted(applied)
+    images = {image["name"] for image in kustomization["images"]}
+    assert _router_container()["image"].split(":")[0] in images
+
+
+@pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl is not installed")
+def test_the_kustomization_renders_the_applied_manifests(tmp_path: Path) -> None:
+    rendered = subprocess.run(
+        ["kubectl", "kustomize", str(DEPLOY)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    ).stdout
+    kustomization = yaml.safe_load((DEPLOY / "kustomization.yaml").read_text())
+    expected = [
+        (doc["kind"], doc["metadata"]["name"])
+        for name in kustomization["resources"]
+        for doc in _documents(DEPLOY / name)
+    ]
+    objects = [doc for doc in yaml.safe_load_all(rendered) if doc]
+    assert sorted((o["kind"], o["metadata"]["name"]) for o in objects) == sorted(expected)
+    output = tmp_path / "rendered.yaml"
+    output.write_text(rendered)
+    assert len(_kubernetes_validate(KUBERNETES_VERSIONS[0], output)) == len(objects)
+
+
+@dataclass
+class PodConfig:
+    """The ConfigMap's narwhal.yaml as the router reads it in the pod: the environment
+    variables the Deployment sets from the Secret, and its mounted files (here under a
+    temporary directory in place of the mount path)."""
+
+    path: Path
+    env: dict[str, str]
+
+
+@pytest.fixture
+def pod_config(tmp_path: Path) -> PodConfig:
+    secret = _resource("Secret", "narwhal-secrets")["stringData"]
+    container = _router_container()
+    pod = _resource("Deployment", "narwhal")["spec"]["template"]["spec"]
+    env: dict[str, str] = {}
+    for variable in container["env"]:
+        ref = variable["valueFrom"]["secretKeyRef"]
+        assert ref["name"] == "narwhal-secrets"
+        env[variable["name"]] = secret[ref["key"]]
+    text = _resource("ConfigMap", "narwhal-config")["data"]["narwhal.yaml"]
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    for mount in container["volumeMounts"]:
+        source = volumes[mount["name"]].get("secret")
+        if source is None:
+            continue
+        directory = tmp_path / mount["name"]
+        directory.mkdir()
+        for item in source["items"]:
+            (directory / item["path"]).write_text(secret[item["key"]])
+        text = text.replace(mount["mountPath"], str(directory))
+    path = tmp_path / "narwhal.yaml"
+    path.write_text(text)
+    return PodConfig(path, env)
+
+
+def _check_config(config: PodConfig) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "narwhal", "check-config", str(config.path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, **config.env},
+    )
+
+
+@pytest.fixture
+def effective(pod_config: PodConfig) -> dict[str, Any]:
+    """The configuration the router would run with, defaults made explicit."""
+    result = _check_config(pod_config)
+    assert result.returncode == 0, result.stderr
+    config: dict[str, Any] = yaml.safe_load(result.stdout)
+    return config
+
+
+def test_the_configmap_passes_check_config_with_engines_that_do_not_resolve(
+    pod_config: PodConfig, effective: dict[str, Any]
+) -> None:
+    # check-config checks the URLs' form, not their hosts: these names exist only in a
+    # cluster, and the pod's config is checked before the engines are there.
+    assert [e["url"] for e in effective["engines"]] == [
+        "http://vllm-0.vllm:8000",
+        "http://vllm-1.vllm:8000",
+    ]
+    assert effective["ha"]["backend"] == "etcd"
+    assert effective["fleet"]["policy"] == "cache_aware"
+    # The secrets were read from where the Deployment puts them.
+    assert effective["serving"]["admin_token_env"] in pod_config.env
+
+
+def test_check_config_fails_without_the_secrets_the_deployment_passes(
+    pod_config: PodConfig,
+) -> None:
+    missing = PodConfig(pod_config.path, {})
+    result = _check_config(missing)
+    assert result.returncode == 2
+    assert "NARWHAL_ADMIN_TOKEN" in result.stderr
+
+
+def test_the_grace_period_covers_the_shutdown_delay_and_the_drain(
+    effective: dict[str, Any],
+) -> None:
+    serving = effective["serving"]
+    shutdown = serving.get("shutdown_delay_s", DOCUMENTED_SHUTDOWN_DELAY_S)
+    pod = _resource("Deployment", "narwhal")["spec"]["template"]["spec"]
+    assert pod["terminationGracePeriodSeconds"] > shutdown + serving["drain_timeout_s"]
+
+
+def test_probes_ask_ready_and_health_on_the_serving_port(effective: dict[str, Any]) -> None:
+    container = _router_container()
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    readiness = container["readinessProbe"]["httpGet"]
+    liveness = container["livenessProbe"]["httpGet"]
+    assert (readiness["path"], liveness["path"]) == ("/ready", "/health")
+    assert ports[readiness["port"]] == ports[liveness["port"]] == effective["serving"]["port"]
+    # Probes and the Service come to the pod's IP, never to its loopback.
+    assert effective["serving"]["host"] in ("0.0.0.0", "::")
+    service = _resource("Service", "narwhal")
+    assert [p["targetPort"] for p in service["spec"]["ports"]] == [readiness["port"]]
+
+
+def test_the_service_and_the_budget_select_the_routers() -> None:
+    labels = _resource("Deployment", "narwhal")["spec"]["template"]["metadata"]["labels"]
+    selectors = [
+        _resource("Service", "narwhal")["spec"]["selector"],
+        _resource("PodDisruptionBudget", "narwhal")["spec"]["selector"]["matchLabels"],
+        _resource("Deployment", "narwhal")["spec"]["selector"]["matchLabels"],
+    ]
+    for selector in selectors:
+        assert selector.items() <= labels.items()
+
+
+def test_the_ha_endpoints_are_the_etcd_members(effective: dict[str, Any]) -> None:
+    etcd = _resource("StatefulSet", "narwhal-etcd")["spec"]
+    members = [
+        f"http://narwhal-etcd-{i}.{etcd['serviceName']}:2379" for i in range(etcd["replicas"])
+    ]
+    assert list(effective["ha"]["endpoints"]) == members
+    assert _resource("Service", etcd["serviceName"])["spec"]["clusterIP"] == "None"
+
+
+@pytest.fixture
+def pod_router(pod_config: PodConfig) -> Iterator[str]:
+    """The ConfigMap's router on a loopback port, where no engine and no etcd resolves."""
+    args = ["serve", "--config", str(pod_config.path), "--host", "127.0.0.1", "--port", "0"]
+    with narwhal_process(args, env=pod_config.env) as process:
+        yield process.url
+
+
+async def test_the_router_starts_alive_and_unready_before_engines_and_etcd(
+    pod_router: str,
+) -> None:
+    async with aiohttp.ClientSession() as session:
+        async with session.get(f"{pod_router}/health") as health:
+            assert health.status == 200
+        async with session.get(f"{pod_router}/ready") as ready:
+            assert ready.status == 503
+            assert (await ready.json())["ready"] is False
