@@ -23,6 +23,7 @@ def test_defaults_for_every_optional_key() -> None:
     assert config.fleet.max_attempts == 2
     assert config.ha.backend == "none"
     assert config.tokenizer is None
+    assert (config.serving.shutdown_delay_s, config.serving.drain_timeout_s) == (5.0, 30.0)
 
 
 def test_engines_and_fractional_durations() -> None:
@@ -100,6 +101,14 @@ def test_engines_and_fractional_durations() -> None:
         (
             MINIMAL + "fleet: {max_response_bytes: 1.5}\n",
             "fleet.max_response_bytes: expected int >= 4096 or null, got 1.5",
+        ),
+        (
+            MINIMAL + "serving: {shutdown_delay_s: -1}\n",
+            "serving.shutdown_delay_s: expected number >= 0",
+        ),
+        (
+            MINIMAL + "serving: {drain_timeout_s: 0}\n",
+            "serving.drain_timeout_s: expected number > 0",
         ),
         ("- a\n- b\n", "must be a mapping"),
         ("model: [\n", "invalid YAML"),

@@ -29,6 +29,7 @@ from narwhal.schema import Path, Problem, type_problems
 NonNegativeInt = Annotated[int, Meta(ge=0)]
 PositiveInt = Annotated[int, Meta(ge=1)]
 PositiveSeconds = Annotated[float, Meta(gt=0)]
+NonNegativeSeconds = Annotated[float, Meta(ge=0)]
 Port = Annotated[int, Meta(ge=0, le=65535)]
 # Below this an engine's ordinary events (a few hundred bytes, a usage chunk) would not fit.
 ByteLimit = Annotated[int, Meta(ge=4096)]
@@ -57,7 +58,10 @@ class ServingConfig(Struct, frozen=True, forbid_unknown_fields=True, kw_only=Tru
     # HTTPS to clients: a PEM certificate chain and its private key, both or neither.
     tls_cert: NonEmpty | None = None
     tls_key: NonEmpty | None = None
-    # How long admitted requests may run on after SIGTERM before the router exits.
+    # After SIGTERM (`shutdown.py`): how long /ready answers 503 shutting_down while the
+    # listener stays open, so that load balancers stop sending before connections are
+    # refused; then how long admitted requests may run on before the router ends them.
+    shutdown_delay_s: NonNegativeSeconds = 5.0
     drain_timeout_s: PositiveSeconds = 30.0
 
 

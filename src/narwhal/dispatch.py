@@ -13,7 +13,8 @@ No HTTP here: the api layer owns the client side (parsing, writing, the relay). 
 fleet.max_attempts attempts, then 502. Every attempt owns its upstream response and
 closes it (success, error, timeout, disconnect, cancellation), so the engine sees a
 disconnect at once and no slot, count or connection is left behind. The request deadline
-covers everything: before headers a 504 `terminal_expiry`, after them an error event.
+covers everything: before headers a 504 `terminal_expiry`, after them an error event. So
+does a shutdown's drain deadline (`narwhal.drain`), with a 503 before headers.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from narwhal.admission.gate import AdmissionGate, Unplaceable
 from narwhal.admission.predictive import PredictiveCheck
 from narwhal.admission.queue import Ticket
 from narwhal.config import Config
+from narwhal.drain import Drain
 from narwhal.engines.client import EngineClient, EngineUnavailable
 from narwhal.engines.prefill import run_prefill
 from narwhal.engines.stream import EngineStream, TruncatedStream
@@ -113,6 +115,11 @@ class StreamLease:
         self.first = first
         self.deadline = deadline
 
+    @property
+    def shutdown(self) -> Drain:
+        """The shutdown's drain deadline, which may end the stream before `deadline`."""
+        return self._dispatcher.drain
+
     async def drain(self) -> None:
         """After a complete relay: read the end of the engine's body (usually in hand
         already), so its connection goes back to the pool."""
@@ -129,7 +136,8 @@ class StreamLease:
         dispatcher = self._dispatcher
         metrics = dispatcher.metrics
         if outcome == "expired":
-            metrics.expired.labels("deadline_streaming").inc()
+            ended_by_drain = dispatcher.drain.cut_short(self.deadline)
+            metrics.expired.labels("shutdown" if ended_by_drain else "deadline_streaming").inc()
         elif outcome == "upstream_error":
             metrics.engine_series(self.stream.engine_name).failures["after_headers"].inc()
         try:
@@ -179,9 +187,12 @@ class Dispatcher:
         check: PredictiveCheck | None = None,
         lengths: OutputLengths | None = None,
         prompt_counted: Callable[[Route, PromptSize, int], None] | None = None,
+        drain: Drain | None = None,
     ) -> None:
         """`check`, `lengths`: predictive admission (the TTFT check, output-length
-        learning); `prompt_counted`: told the engine's count of each sized prompt."""
+        learning); `prompt_counted`: told the engine's count of each sized prompt;
+        `drain`: the shutdown's drain deadline, which ends attempts still running."""
+        self.drain = drain or Drain()
         self._config = config
         self.metrics = metrics
         self.registry = registry
@@ -193,6 +204,15 @@ class Dispatcher:
         self._check = check
         self._lengths = lengths
         self._prompt_counted = prompt_counted
+        self._addresses: list[tuple[str, str]] = []
+        self.reconfigure(config)
+        state.subscribe(self._state_changed)
+
+    def reconfigure(self, config: Config) -> None:
+        """Serve by `config` from now on (a reload): limits, attempts, engine names. A
+        request in flight keeps the engines it was placed on."""
+        self._config = config
+        metrics = self.metrics
         for engine in config.engines:  # every engine's series from the start: zeros, not gaps
             metrics.engine_series(engine.name)
             if engine.role == "prefill":
@@ -203,7 +223,6 @@ class Dispatcher:
             + [(urlsplit(e.url).hostname or "", "<engine host>") for e in config.engines],
             key=lambda pair: -len(pair[0]),
         )
-        state.subscribe(self._state_changed)
 
     def _redact(self, message: str) -> str:
         for address, replacement in self._addresses:
@@ -385,7 +404,7 @@ class Dispatcher:
         leased = False
         try:
             try:
-                async with asyncio.timeout_at(deadline):
+                async with self.drain.timeout_at(deadline):
                     body = upstream_body(request, client.dialect)
                     if plan.prefill is not None:
                         sent = time.monotonic()
@@ -438,7 +457,7 @@ class Dispatcher:
                             completion_tokens=completion_tokens,
                         )
             except TimeoutError:
-                raise self._expired_before_headers() from None
+                raise self._timed_out_before_headers(deadline) from None
             except _RETRYABLE as error:
                 self.metrics.engine_series(working.name).failures["before_headers"].inc()
                 return _Failed(working.name, error.message)
@@ -481,6 +500,16 @@ class Dispatcher:
         series = self.metrics.request_series(tracker.route, streamed)
         series.prompt_tokens.inc(context.prompt_tokens if prompt is None else prompt)
         series.completion_tokens.inc(completion)
+
+    def _timed_out_before_headers(self, deadline: float) -> RouterUnavailable | TerminalExpiry:
+        if self.drain.cut_short(deadline):
+            # The shutdown's drain deadline, not the request's: no response has started,
+            # so the client gets a 503 it may retry on another router.
+            return RouterUnavailable(
+                "This router is shutting down: its drain deadline ended the request before "
+                "the response started."
+            )
+        return self._expired_before_headers()
 
     def _expired_before_headers(self) -> TerminalExpiry:
         self.metrics.expired.labels("deadline_before_headers").inc()

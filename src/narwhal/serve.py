@@ -5,6 +5,11 @@ cannot be loaded, a port in use) is said in one line each, `error: ...` on stder
 the exit status is 2; whatever had started by then (the embedded default's engines) is
 closed first. The listening sockets are bound before the router starts anything else
 (`api/listen.py`), so a busy port costs no engine probes.
+
+Signals: SIGTERM (and SIGINT) start the shutdown sequence (`shutdown.py`: /ready 503
+`shutting_down` with the listener open for `serving.shutdown_delay_s`, then the drain of
+admitted requests for `serving.drain_timeout_s`); SIGHUP re-reads the configuration file
+and applies what can change live (`reload.py`).
 """
 
 from __future__ import annotations
@@ -26,8 +31,9 @@ from aiohttp import web
 from narwhal.api.listen import CannotListen, bind_sockets, listen_failure
 from narwhal.api.server import ClientRunner, head_timeout_s
 from narwhal.api.tls import server_tls_context
-from narwhal.config import Config, ConfigError, EngineConfig, Role, load_config
+from narwhal.config import Config, ConfigError, EngineConfig, Role, ServingConfig, load_config
 from narwhal.router import Router
+from narwhal.shutdown import Shutdown
 
 log = logging.getLogger("narwhal")
 EMBEDDED_MODEL = "narwhal-sim"
@@ -63,8 +69,14 @@ def run(args: argparse.Namespace) -> int:
         if not args.config:
             run_event_loop(lambda: serve_embedded(overrides))
         else:
-            config = _with_serving(load_config(args.config), overrides)
-            run_event_loop(lambda: serve_forever(config))
+            path: str = args.config
+
+            def source() -> Config:
+                """The file as it is now, with the command line's overrides (a reload)."""
+                return _with_serving(load_config(path), overrides)
+
+            config = source()
+            run_event_loop(lambda: serve_forever(config, source))
     except ConfigError as e:
         for problem in e.problems:
             print(f"error: {problem}", file=sys.stderr)
@@ -96,7 +108,9 @@ async def serve_embedded(overrides: dict[str, Any]) -> None:
             EngineConfig(name=f"sim-{role}", url=sim.url, role=role)
             for role, sim in zip(ROLES, sims, strict=True)
         )
-        config = Config(model=EMBEDDED_MODEL, engines=engines)
+        # No load balancer sends to a demo on loopback: Ctrl-C stops it without the delay.
+        serving = ServingConfig(shutdown_delay_s=0)
+        config = Config(model=EMBEDDED_MODEL, engines=engines, serving=serving)
         await serve_forever(_with_serving(config, overrides))
     finally:
         for sim in sims:
@@ -113,21 +127,28 @@ def run_event_loop(main: Callable[[], Coroutine[Any, Any, None]]) -> None:
         runner.run(main())
 
 
-async def serve_forever(config: Config) -> None:
+async def serve_forever(config: Config, source: Callable[[], Config] | None = None) -> None:
+    """Serve until SIGTERM or SIGINT; `source()` reads the configuration again (SIGHUP)."""
     serving = config.serving
     tls = server_tls_context(serving)
     sockets = bind_sockets(serving.host, serving.port)
     try:
-        await _serve_on(config, sockets, tls)
+        await _serve_on(config, source, sockets, tls)
     finally:
         for sock in sockets:
             sock.close()  # those a site took are closed already; this is for the rest
 
 
 async def _serve_on(
-    config: Config, sockets: list[socket.socket], tls: ssl.SSLContext | None
+    config: Config,
+    source: Callable[[], Config] | None,
+    sockets: list[socket.socket],
+    tls: ssl.SSLContext | None,
 ) -> None:
-    router = Router(config)
+    router = Router(config, source=source)
+    loop = asyncio.get_running_loop()
+    # From the start: SIGHUP's default action would end the process while it starts.
+    loop.add_signal_handler(signal.SIGHUP, router.reloader.signalled)
     # handler_cancellation: a client that disconnects cancels its handler at once, so the
     # upstream request is cancelled too instead of running on for nobody.
     runner = ClientRunner(
@@ -157,18 +178,21 @@ async def _serve_on(
         shown = f"[{host}]" if ":" in host else host
         print(f"narwhal listening on {scheme}://{shown}:{port}", flush=True)
 
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
+        router.reloaded.append(lambda new: runner.set_head_timeout(head_timeout_s(new.serving)))
+        shutdown = Shutdown(router, runner)
         for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, stop.set)
-        await stop.wait()
-        # Graceful shutdown: readiness goes false first, then the listener closes, admitted
-        # requests get up to serving.drain_timeout_s to finish, and only then do the engine
-        # clients close. Requests still running after the drain are cancelled and counted.
-        await router.stop_admitting()
+            loop.add_signal_handler(sig, shutdown.signal)
+        await shutdown.requested()
+        await shutdown.hold_listener()
+        shutdown.start_draining()
         print("narwhal draining", flush=True)
     finally:
-        await runner.cleanup()  # also after a failed start: sessions and probes close
+        # Closes the listener, waits for the requests in flight (until the drain deadline
+        # has ended them), then the engine clients and probes close. Also after a failed
+        # start.
+        await runner.cleanup()
+        loop.remove_signal_handler(signal.SIGHUP)
+    await shutdown.finished()
 
 
 def _bound_port(runner: web.AppRunner) -> int:

@@ -57,6 +57,10 @@ class CompletionFront:
         self._service = service
         self._sizer = sizer
 
+    def reconfigure(self, config: Config) -> None:
+        """Read limits (body size, request timeout) from `config` from now on (a reload)."""
+        self._config = config
+
     async def chat(self, request: web.Request) -> web.StreamResponse:
         return await self._handle(request, "chat")
 
@@ -160,7 +164,12 @@ class CompletionFront:
         outcome: Outcome = "client_gone"  # if this task is cancelled (the client went away)
         try:
             response, outcome = await relay_stream(
-                http, lease.stream, lease.first, lease.context.request_id, lease.deadline
+                http,
+                lease.stream,
+                lease.first,
+                lease.context.request_id,
+                lease.deadline,
+                lease.shutdown,
             )
             written = time.monotonic()
             if outcome == "completed":
