@@ -69,7 +69,8 @@ class AdminRoutes:
         app.router.add_post("/admin/engines/{name}/drain", self.drain)
         app.router.add_post("/admin/engines/{name}/undrain", self.undrain)
         app.router.add_post("/admin/maintenance", self.maintenance)
-        app.router.add_post("/admin/reload", self.reload)
+        if self._reload is not None:
+            app.router.add_post("/admin/reload", self.reload)
 
     async def engines(self, request: web.Request) -> web.StreamResponse:
         return await self._guarded(request, self._engines)
@@ -137,8 +138,7 @@ class AdminRoutes:
         return json_response({"active_waves": sorted(waves)})
 
     async def _reloaded(self, request: web.Request) -> web.Response:
-        if self._reload is None:
-            raise InvalidRequest("This router cannot reload its configuration.")
+        assert self._reload is not None, "the route is added only with a reload"
         try:
             changes = await self._reload()
         except ReloadRefused as refused:
