@@ -14,7 +14,7 @@ import pytest
 
 from narwhal.api.access_log import AccessEntry, AccessLog
 from narwhal.config import LoggingConfig
-from narwhal.logs import configure_logging, rfc3339
+from narwhal.logs import JsonFormatter, configure_logging, rfc3339
 
 RFC3339_UTC = re.compile(r"\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}\.\d{6}Z")
 
@@ -131,3 +131,18 @@ def test_the_access_log_off_or_above_info_writes_nothing(logged: io.StringIO) ->
 def test_rfc3339_is_utc() -> None:
     assert rfc3339(0.5) == "1970-01-01T00:00:00.500000Z"
     assert rfc3339(1714564800.123456) == "2024-05-01T12:00:00.123456Z"
+
+
+def test_json_timestamps_follow_the_records_across_seconds() -> None:
+    formatter = JsonFormatter()
+    shown = []
+    for created in (1714564800.123456, 1714564800.9, 1714564801.5, 1714564800.25):
+        record = logging.LogRecord("narwhal", logging.INFO, __file__, 1, "m", None, None)
+        record.created = created
+        shown.append(json.loads(formatter.format(record))["ts"])
+    assert shown == [
+        "2024-05-01T12:00:00.123456Z",
+        "2024-05-01T12:00:00.900000Z",
+        "2024-05-01T12:00:01.500000Z",
+        "2024-05-01T12:00:00.250000Z",
+    ]

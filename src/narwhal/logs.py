@@ -40,10 +40,21 @@ _encoder = msgspec.json.Encoder(enc_hook=str)
 
 
 class JsonFormatter(logging.Formatter):
+    def __init__(self) -> None:
+        super().__init__()
+        # The date and time of day change once a second, not once a line.
+        self._second: tuple[int, str] = (-1, "")
+
     def format(self, record: logging.LogRecord) -> str:
         msg = record.msg
+        created = record.created
+        seconds = int(created)
+        second, text = self._second
+        if second != seconds:
+            text = _second(seconds)
+            self._second = (seconds, text)
         entry: dict[str, Any] = {
-            "ts": rfc3339(record.created),
+            "ts": f"{text}.{int((created - seconds) * 1_000_000):06d}Z",
             "level": record.levelname,
             "logger": record.name,
         }
@@ -62,10 +73,13 @@ class JsonFormatter(logging.Formatter):
 
 
 def rfc3339(created: float) -> str:
-    """A record's time in UTC, to the microsecond: 2024-05-01T12:00:00.123456Z."""
+    """A time in UTC, to the microsecond: 2024-05-01T12:00:00.123456Z."""
     seconds = int(created)
-    micros = int((created - seconds) * 1_000_000)
-    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(seconds)) + f".{micros:06d}Z"
+    return _second(seconds) + f".{int((created - seconds) * 1_000_000):06d}Z"
+
+
+def _second(seconds: int) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(seconds))
 
 
 def configure_logging(config: LoggingConfig, stream: TextIO | None = None) -> None:

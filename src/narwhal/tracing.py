@@ -146,11 +146,20 @@ def build_tracer(config: TracingConfig) -> Tracer:
     url = config.traces_url
     if url is None:
         return PassthroughTracer()
+    check_tracing(config)
+    from narwhal.otel import OtelTracer
+
+    return OtelTracer.exporting_to(url, service_name=config.service_name)
+
+
+def check_tracing(config: TracingConfig) -> None:
+    """ConfigError when spans are asked for and the OpenTelemetry SDK cannot be loaded."""
+    if config.traces_url is None:
+        return
     try:
-        from narwhal.otel import OtelTracer
+        import narwhal.otel  # noqa: F401
     except ImportError as e:
         raise ConfigError(
             "tracing.otlp_endpoint (--otlp-endpoint) needs the OpenTelemetry SDK, which is not "
             f"installed ({e.name or e}): {INSTALL_HINT}"
         ) from None
-    return OtelTracer.exporting_to(url, service_name=config.service_name)

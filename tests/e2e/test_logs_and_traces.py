@@ -216,22 +216,29 @@ async def test_no_prompt_or_output_in_the_log(start: Start, tmp_path: Path) -> N
 
 
 def test_otlp_endpoint_without_the_sdk_is_one_clear_error(tmp_path: Path) -> None:
-    """Without the otel extra, as where it is not installed: an import that fails."""
+    """Without the otel extra, as where it is not installed: an import that fails. Both
+    `serve --otlp-endpoint` and `check-config` on a file with tracing.otlp_endpoint say so."""
     hidden = tmp_path / "opentelemetry"
     hidden.mkdir()
     (hidden / "__init__.py").write_text("raise ImportError('not installed (test)')\n")
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), *sys.path]))
-    result = subprocess.run(
-        [sys.executable, "-m", "narwhal", "serve", "--port", "0", "--otlp-endpoint", OTLP],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=60,
+    config = tmp_path / "narwhal.yaml"
+    config.write_text(
+        "model: m\nengines: [{name: e0, url: 'http://127.0.0.1:9'}]\n"
+        f"tracing: {{otlp_endpoint: '{OTLP}'}}\n"
     )
-    assert result.returncode == 2
-    (line,) = result.stderr.strip().splitlines()
-    assert line.startswith("error: tracing.otlp_endpoint (--otlp-endpoint) needs the OpenTelem")
-    assert line.endswith("pip install '.[otel]'")
+    for args in (["serve", "--port", "0", "--otlp-endpoint", OTLP], ["check-config", str(config)]):
+        result = subprocess.run(
+            [sys.executable, "-m", "narwhal", *args],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=60,
+        )
+        assert result.returncode == 2, args
+        (line,) = result.stderr.strip().splitlines()
+        assert line.startswith("error: tracing.otlp_endpoint (--otlp-endpoint) needs the Open")
+        assert line.endswith("pip install '.[otel]'")
 
 
 def test_otlp_endpoint_must_be_a_url() -> None:

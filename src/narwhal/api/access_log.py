@@ -102,7 +102,10 @@ class AccessLog:
         return self._enabled and self._log.isEnabledFor(logging.INFO)
 
     def write(self, entry: AccessEntry) -> None:
-        self._log.info(entry)
+        # As `info(entry)` but for the lookup of the calling frame (its file and line), a
+        # tenth of a line's cost: an access line always comes from the same place.
+        log = self._log
+        log.handle(log.makeRecord(log.name, logging.INFO, __file__, 0, entry, (), None))
 
 
 def _shown(value: int | None) -> str:
