@@ -182,10 +182,11 @@ class _AttemptTrace:
             self.decode.fail(description)
 
     def end(self, stream: EngineStream | None) -> None:
-        if self.decode is not None:
-            if stream is not None:
-                self.decode.set({"narwhal.completion_tokens": stream.tracker.output_tokens()[0]})
-            self.decode.end()
+        decode = self.decode
+        if decode is not None:
+            if stream is not None and decode.recording:
+                decode.set({"narwhal.completion_tokens": stream.tracker.output_tokens()[0]})
+            decode.end()
         self.placement.end()
 
 

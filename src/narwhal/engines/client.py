@@ -11,11 +11,11 @@ marked retryable when another placement could succeed:
                               429, 401/403 (the engine's key is missing or wrong): another
                               engine may serve it; retried before headers
 
-Every request carries the trace context it is made under (`tracing.py`: the client's
-checked traceparent and tracestate, or the router's own span), as W3C headers, and the
-engine's own key (`engines[].api_key`) as `Authorization:
+Every request carries the engine's own key (`engines[].api_key`) as `Authorization:
 Bearer`. The client's Authorization header goes instead only where forwarding is on
 (`fleet.forward_client_authorization`, per engine): a router key is no engine's business.
+Each also carries the W3C trace context it is made under (`tracing.py`): the client's
+checked traceparent and tracestate, or the router's own span.
 """
 
 from __future__ import annotations
