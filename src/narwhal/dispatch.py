@@ -59,6 +59,7 @@ from narwhal.scheduler.registry import EngineRegistry
 from narwhal.scheduler.scheduler import Plan, Scheduler
 from narwhal.sizing import PromptSize
 from narwhal.state import RouterState
+from narwhal.tracing import ADMISSION_WAIT, DECODE, NO_SPAN, PLACEMENT, PREFILL, Span
 
 log = logging.getLogger(__name__)
 _DRAIN_TIMEOUT_S = 1.0
@@ -71,9 +72,20 @@ _DONE_GRACE_S = 0.01
 _RETRYABLE = (EngineUnavailable, EngineError, EngineOutputError, TruncatedStream)
 
 
+@dataclass(frozen=True, slots=True)
+class Served:
+    """The answer the client got: its tokens (as counted in narwhal_*_tokens_total) and
+    its time to first token (arrival to the first output token), if it had one."""
+
+    prompt_tokens: int
+    completion_tokens: int
+    ttft_s: float | None
+
+
 @dataclass(slots=True)
 class RequestContext:
-    """What the front learned of a request besides its body."""
+    """What the front learned of a request besides its body, and what the dispatcher
+    tells it back for the request's access line (`engines`, `served`)."""
 
     request_id: str
     arrived: float  # time.monotonic() when the request arrived
@@ -81,6 +93,9 @@ class RequestContext:
     prompt_tokens: int  # workload sizing
     authorization: str | None = None  # the client's Authorization header
     prompt_size: PromptSize | None = None  # how the prompt was sized
+    span: Span = NO_SPAN  # the request's span; its phases' spans are children (tracing.py)
+    engines: tuple[str, ...] = ()  # where its last attempt was placed
+    served: Served | None = None  # set once an answer has gone (or is going) to the client
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,7 +111,16 @@ class StreamLease:
     `deadline` (loop time), and calls `finish(outcome)` exactly once, in `finally`: that
     closes the engine stream, accounts its output and frees the request's slots."""
 
-    __slots__ = ("_dispatcher", "_finished", "_ticket", "context", "deadline", "first", "stream")
+    __slots__ = (
+        "_dispatcher",
+        "_finished",
+        "_ticket",
+        "_trace",
+        "context",
+        "deadline",
+        "first",
+        "stream",
+    )
 
     def __init__(
         self,
@@ -106,9 +130,11 @@ class StreamLease:
         stream: EngineStream,
         first: bytes,
         deadline: float,
+        trace: _AttemptTrace,
     ) -> None:
         self._dispatcher = dispatcher
         self._ticket = ticket
+        self._trace = trace
         self._finished = False
         self.context = context
         self.stream = stream
@@ -144,7 +170,32 @@ class StreamLease:
             dispatcher.end_attempt(self.stream, self.context)
             dispatcher.count_served(self.stream, self.context, streamed=True)
         finally:
+            if outcome in ("upstream_error", "expired"):
+                self._trace.fail(f"the stream ended {outcome} after the response started")
+            self._trace.end(self.stream)
             dispatcher.release(self._ticket)  # whatever accounting did (a bug is raised on)
+
+
+@dataclass(slots=True)
+class _AttemptTrace:
+    """One attempt's open spans: its placement, and its decode request once made (a
+    stream's outlives the attempt: its lease ends it)."""
+
+    placement: Span
+    decode: Span | None = None
+
+    def fail(self, description: str) -> None:
+        self.placement.fail(description)
+        if self.decode is not None:
+            self.decode.fail(description)
+
+    def end(self, stream: EngineStream | None) -> None:
+        decode = self.decode
+        if decode is not None:
+            if stream is not None and decode.recording:
+                decode.set({"narwhal.completion_tokens": stream.tracker.output_tokens()[0]})
+            decode.end()
+        self.placement.end()
 
 
 def _addresses_of(url: str) -> list[str]:
@@ -344,10 +395,11 @@ class Dispatcher:
         attempts = self._config.fleet.max_attempts
         for attempt in range(1, attempts + 1):
             try:
-                if last is None:
-                    await self.gate.admit(ticket, deadline)
-                else:
-                    await self.gate.retry(ticket, last.engine, deadline)
+                with context.span.child(ADMISSION_WAIT, {"narwhal.attempt": attempt}):
+                    if last is None:
+                        await self.gate.admit(ticket, deadline)
+                    else:
+                        await self.gate.retry(ticket, last.engine, deadline)
             except Unplaceable:
                 break
             # Leadership (or maintenance) may have been lost while the request waited:
@@ -355,7 +407,8 @@ class Dispatcher:
             self._check_state()
             plan = ticket.plan
             assert plan is not None, "admitted without a placement"
-            result = await self._attempt(request, context, ticket, plan, deadline)
+            context.engines = plan.engine_names
+            result = await self._attempt(request, context, ticket, plan, deadline, attempt)
             if not isinstance(result, _Failed):
                 return result
             last = result
@@ -379,6 +432,7 @@ class Dispatcher:
         ticket: Ticket,
         plan: Plan,
         deadline: float,
+        attempt: int,
     ) -> Assembled | StreamLease | _Failed:
         """One placement: the optional prefill half, then the decode stream's first events
         (streaming) or all of it (non-streaming); `_Failed` when another placement may
@@ -402,18 +456,26 @@ class Dispatcher:
         stream: EngineStream | None = None
         working = plan.first  # the engine a failure now would be on
         leased = False
+        placement = context.span.child(
+            PLACEMENT, {"narwhal.attempt": attempt, "narwhal.engines": plan.engine_names}
+        )
+        trace = _AttemptTrace(placement)
         try:
             try:
                 async with self.drain.timeout_at(deadline):
                     body = upstream_body(request, client.dialect)
                     if plan.prefill is not None:
                         sent = time.monotonic()
-                        body["kv_transfer_params"] = await run_prefill(
-                            self._clients[plan.prefill.name],
-                            request,
-                            request_id=context.request_id,
-                            client_authorization=context.authorization,
-                        )
+                        with placement.child(
+                            PREFILL, {"narwhal.engine": plan.prefill.name}
+                        ) as half:
+                            body["kv_transfer_params"] = await run_prefill(
+                                self._clients[plan.prefill.name],
+                                request,
+                                request_id=context.request_id,
+                                client_authorization=context.authorization,
+                                trace=half.propagated(),
+                            )
                         # The decode engine's TTFT holds this wait too; only this series
                         # says which prefill engine it was spent on.
                         self.metrics.prefill_series(plan.prefill.name).observe(
@@ -421,11 +483,13 @@ class Dispatcher:
                         )
                         self.gate.prefill_answered(ticket)
                         working = plan.decode
+                    trace.decode = placement.child(DECODE, {"narwhal.engine": client.name})
                     response = await client.open_stream(
                         request.route,
                         body,
                         request_id=context.request_id,
                         client_authorization=context.authorization,
+                        trace=trace.decode.propagated(),
                     )
                     limit = self._config.max_event_bytes
                     if request.stream:
@@ -457,18 +521,22 @@ class Dispatcher:
                             completion_tokens=completion_tokens,
                         )
             except TimeoutError:
+                trace.fail("the request deadline expired")
                 raise self._timed_out_before_headers(deadline) from None
             except _RETRYABLE as error:
+                trace.fail(error.message)
                 self.metrics.engine_series(working.name).failures["before_headers"].inc()
                 return _Failed(working.name, error.message)
             if request.stream:
                 leased = True
-                return StreamLease(self, ticket, context, stream, first, deadline)
+                return StreamLease(self, ticket, context, stream, first, deadline, trace)
             self.count_served(stream, context, streamed=False)
             return Assembled(assembled)
         finally:
-            if stream is not None and not leased:
-                self.end_attempt(stream, context)
+            if not leased:
+                if stream is not None:
+                    self.end_attempt(stream, context)
+                trace.end(stream)
 
     def end_attempt(self, stream: EngineStream, context: RequestContext) -> None:
         """Close the engine stream and account what it produced."""
@@ -495,11 +563,15 @@ class Dispatcher:
         """Count the tokens of the attempt whose answer goes to the client (only that one:
         an attempt that failed before headers was retried or became the client's error)."""
         tracker = stream.tracker
-        prompt = None if tracker.usage is None else usage_tokens(tracker.usage)[0]
+        usage = None if tracker.usage is None else usage_tokens(tracker.usage)[0]
+        prompt = context.prompt_tokens if usage is None else usage
         completion, _ = tracker.output_tokens()
         series = self.metrics.request_series(tracker.route, streamed)
-        series.prompt_tokens.inc(context.prompt_tokens if prompt is None else prompt)
+        series.prompt_tokens.inc(prompt)
         series.completion_tokens.inc(completion)
+        first = tracker.first_output_at
+        ttft = None if first is None else first - context.arrived
+        context.served = Served(prompt, completion, ttft)
 
     def _timed_out_before_headers(self, deadline: float) -> RouterUnavailable | TerminalExpiry:
         if self.drain.cut_short(deadline):

@@ -26,6 +26,7 @@ is built here too and shared by everything that waits on a request's deadline.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import socket
@@ -72,6 +73,7 @@ from narwhal.scheduler.registry import EngineEntry, EngineRegistry
 from narwhal.scheduler.scheduler import Scheduler
 from narwhal.sizing import EngineTokenizer, TokenizeCandidate, WorkloadSizer, load_sizer
 from narwhal.state import RouterState
+from narwhal.tracing import Tracer, build_tracer
 
 # How long start-up waits for the first profiles before listening (predictive mode).
 PROFILE_WAIT_S = 10.0
@@ -79,12 +81,21 @@ log = logging.getLogger(__name__)
 
 
 class Router:
-    def __init__(self, config: Config, *, source: Callable[[], Config] | None = None) -> None:
+    def __init__(
+        self,
+        config: Config,
+        *,
+        source: Callable[[], Config] | None = None,
+        tracer: Tracer | None = None,
+    ) -> None:
         """`source()`: the configuration file, read and checked again (blocking), for a
-        reload; None when there is no file (the embedded default)."""
+        reload; None when there is no file (the embedded default). `tracer`: the spans'
+        recorder in place of the one `config.tracing` names."""
         # Secrets named by `_env`/`_file` keys are read here if the caller has not (ConfigError
         # when one cannot be): every component below sees them inline.
         config = self.config = resolve_secrets(config, os.environ)
+        # First: without the SDK that tracing.otlp_endpoint needs, nothing else is built.
+        self.tracer: Tracer = tracer or build_tracer(config.tracing)
         self.metrics = RouterMetrics()
         ha = config.ha.backend == "etcd"
         # With HA, refuse from the first instant: leadership is proven, never assumed.
@@ -181,7 +192,7 @@ class Router:
         self.report = EngineReport(self.registry, self.scheduler)
         api_keys = self.api_keys = BearerTokens(config.serving.api_keys)
         front = self.front = CompletionFront(
-            config, self.metrics, self.dispatcher, self.sizer, self.state, api_keys
+            config, self.metrics, self.dispatcher, self.sizer, self.state, api_keys, self.tracer
         )
         ops = OpsRoutes(config.model, self.metrics, self.dispatcher, self.state, api_keys)
         self.app: web.Application = build_app(
@@ -339,6 +350,8 @@ class Router:
         if self._session is not None:
             await self._session.close()
         await self.pool.close()
+        # The spans still queued go out last (in a thread: export is blocking I/O).
+        await asyncio.to_thread(self.tracer.close)
 
     def _tokenize_candidates(self) -> list[TokenizeCandidate]:
         """Engines that may count a prompt: healthy ones (placeability aside); the

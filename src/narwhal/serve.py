@@ -31,7 +31,18 @@ from aiohttp import web
 from narwhal.api.listen import CannotListen, bind_sockets, listen_failure
 from narwhal.api.server import ClientRunner, head_timeout_s
 from narwhal.api.tls import server_tls_context
-from narwhal.config import Config, ConfigError, EngineConfig, Role, ServingConfig, load_config
+from narwhal.config import (
+    Config,
+    ConfigError,
+    EngineConfig,
+    LoggingConfig,
+    Role,
+    ServingConfig,
+    TracingConfig,
+    load_config,
+    section_problems,
+)
+from narwhal.logs import configure_logging
 from narwhal.router import Router
 from narwhal.shutdown import Shutdown
 
@@ -46,36 +57,51 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--port", type=int, help="override serving.port (0: any free port)")
     parser.add_argument(
         "--log-level",
-        default="info",
         choices=["debug", "info", "warning", "error"],
-        help="log level (default: info); logs go to stderr",
+        help="override logging.level (default: info); logs go to stderr",
+    )
+    parser.add_argument(
+        "--log-format",
+        choices=["text", "json"],
+        help="override logging.format: text, or json (one JSON object a line)",
+    )
+    parser.add_argument(
+        "--no-access-log",
+        action="store_true",
+        help="no access line per completion request (logging.access_log: false)",
+    )
+    parser.add_argument(
+        "--otlp-endpoint",
+        metavar="URL",
+        help="override tracing.otlp_endpoint: export the router's own spans there by "
+        "OTLP/HTTP (needs the otel extra)",
     )
 
 
 def run(args: argparse.Namespace) -> int:
     # `*_created` samples double every counter's series for no operational use.
     prometheus_client.disable_created_metrics()  # type: ignore[no-untyped-call]
-    logging.basicConfig(
-        level=args.log_level.upper(),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
     overrides: dict[str, Any] = {}
     if args.host is not None:
         overrides["host"] = args.host
     if args.port is not None:
         overrides["port"] = args.port
+
+    def with_flags(config: Config) -> Config:
+        return _with_flags(_with_serving(config, overrides), args)
+
     try:
-        if not args.config:
-            run_event_loop(lambda: serve_embedded(overrides))
+        config = None if not args.config else with_flags(load_config(args.config))
+        configure_logging(_logging(config.logging if config else LoggingConfig(), args))
+        if config is None:
+            run_event_loop(lambda: serve_embedded(with_flags))
         else:
             path: str = args.config
 
             def source() -> Config:
-                """The file as it is now, with the command line's overrides (a reload)."""
-                return _with_serving(load_config(path), overrides)
+                """The file as it is now, with the command line's flags (a reload)."""
+                return with_flags(load_config(path))
 
-            config = source()
             run_event_loop(lambda: serve_forever(config, source))
     except ConfigError as e:
         for problem in e.problems:
@@ -94,7 +120,36 @@ def _with_serving(config: Config, overrides: dict[str, Any]) -> Config:
     return msgspec.structs.replace(config, serving=serving)
 
 
-async def serve_embedded(overrides: dict[str, Any]) -> None:
+def _with_flags(config: Config, args: argparse.Namespace) -> Config:
+    """`config` with the logging and tracing flags given on the command line."""
+    tracing = config.tracing
+    if args.otlp_endpoint is not None:
+        tracing = _checked_tracing(
+            msgspec.structs.replace(tracing, otlp_endpoint=args.otlp_endpoint)
+        )
+    return msgspec.structs.replace(config, logging=_logging(config.logging, args), tracing=tracing)
+
+
+def _logging(config: LoggingConfig, args: argparse.Namespace) -> LoggingConfig:
+    changes: dict[str, Any] = {}
+    if args.log_level is not None:
+        changes["level"] = args.log_level
+    if args.log_format is not None:
+        changes["format"] = args.log_format
+    if args.no_access_log:
+        changes["access_log"] = False
+    return msgspec.structs.replace(config, **changes) if changes else config
+
+
+def _checked_tracing(tracing: TracingConfig) -> TracingConfig:
+    """The flag's endpoint, held to the configuration key's checks."""
+    problems = section_problems("tracing", tracing)
+    if problems:
+        raise ConfigError(*problems)
+    return tracing
+
+
+async def serve_embedded(with_flags: Callable[[Config], Config]) -> None:
     """The embedded default: simulated engines (one prefill, one decode) in this process.
 
     They speak the vLLM dialect on loopback ports of their own, so the router in front of
@@ -111,7 +166,7 @@ async def serve_embedded(overrides: dict[str, Any]) -> None:
         # No load balancer sends to a demo on loopback: Ctrl-C stops it without the delay.
         serving = ServingConfig(shutdown_delay_s=0)
         config = Config(model=EMBEDDED_MODEL, engines=engines, serving=serving)
-        await serve_forever(_with_serving(config, overrides))
+        await serve_forever(with_flags(config))
     finally:
         for sim in sims:
             await sim.close()
