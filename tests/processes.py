@@ -94,23 +94,40 @@ def narwhal_process(
         process.terminate()
 
 
+def write_router_config(path: str | os.PathLike[str], config: dict[str, Any]) -> None:
+    """Write a router configuration for tests: on loopback, an ephemeral port and, unless
+    the test says otherwise, no shutdown delay (every test's router stops at its end)."""
+    config = dict(config)
+    serving = dict(config.get("serving", {}))
+    serving.setdefault("host", "127.0.0.1")
+    serving.setdefault("port", 0)
+    serving.setdefault("shutdown_delay_s", 0)
+    config["serving"] = serving
+    with open(path, "w", encoding="utf-8") as f:
+        yaml.safe_dump(config, f)
+
+
 @contextmanager
 def router_process(
     config: dict[str, Any],
     *extra: str,
     env: Mapping[str, str] | None = None,
     stderr_path: str | os.PathLike[str] | None = None,
+    config_path: str | os.PathLike[str] | None = None,
 ) -> Iterator[NarwhalProcess]:
     """A router from a configuration mapping, on an ephemeral port (`stderr_path`: see
-    narwhal_process)."""
-    config = dict(config)
-    serving = dict(config.get("serving", {}))
-    serving.setdefault("host", "127.0.0.1")
-    serving.setdefault("port", 0)
-    config["serving"] = serving
+    narwhal_process; `config_path`: where to write the file, for a test that rewrites it,
+    by default a temporary file)."""
+    if config_path is not None:
+        write_router_config(config_path, config)
+        with narwhal_process(
+            ["serve", "--config", str(config_path), *extra], env=env, stderr_path=stderr_path
+        ) as process:
+            yield process
+        return
     with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as f:
-        yaml.safe_dump(config, f)
         path = f.name
+    write_router_config(path, config)
     try:
         with narwhal_process(
             ["serve", "--config", path, *extra], env=env, stderr_path=stderr_path

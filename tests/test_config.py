@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from narwhal.config import ConfigError, parse_config, resolve_secrets
+from narwhal.config import ConfigError, TracingConfig, parse_config, resolve_secrets
 
 MINIMAL = "model: m\nengines: [{name: e0, url: 'http://127.0.0.1:8100'}]\n"
 
@@ -23,6 +23,7 @@ def test_defaults_for_every_optional_key() -> None:
     assert config.fleet.max_attempts == 2
     assert config.ha.backend == "none"
     assert config.tokenizer is None
+    assert (config.serving.shutdown_delay_s, config.serving.drain_timeout_s) == (5.0, 30.0)
 
 
 def test_engines_and_fractional_durations() -> None:
@@ -100,6 +101,14 @@ def test_engines_and_fractional_durations() -> None:
         (
             MINIMAL + "fleet: {max_response_bytes: 1.5}\n",
             "fleet.max_response_bytes: expected int >= 4096 or null, got 1.5",
+        ),
+        (
+            MINIMAL + "serving: {shutdown_delay_s: -1}\n",
+            "serving.shutdown_delay_s: expected number >= 0",
+        ),
+        (
+            MINIMAL + "serving: {drain_timeout_s: 0}\n",
+            "serving.drain_timeout_s: expected number > 0",
         ),
         ("- a\n- b\n", "must be a mapping"),
         ("model: [\n", "invalid YAML"),
@@ -231,7 +240,17 @@ ENGINE_KEYS = [
     "name", "url", "dialect", "role", "wave", "phase_concurrency", "max_num_batched_tokens",
     "max_num_seqs", "api_key", "api_key_env", "api_key_file", "forward_client_authorization",
 ]  # fmt: skip
-CONFIG_KEYS = ["model", "engines", "serving", "admission", "tokenizer", "fleet", "ha"]
+CONFIG_KEYS = [
+    "model",
+    "engines",
+    "serving",
+    "admission",
+    "tokenizer",
+    "fleet",
+    "ha",
+    "logging",
+    "tracing",
+]
 
 
 def test_a_section_with_a_type_error_still_gets_the_other_sections_checked() -> None:
@@ -456,3 +475,36 @@ def test_check_config_never_prints_a_secret(tmp_path: Path) -> None:
     assert effective["serving"]["api_keys_file"] == str(tmp_path / "keys")  # where, not what
     assert [e["api_key"] for e in effective["engines"]] == ["<redacted>", None]
     assert effective["engines"][1]["api_key_env"] == "HOME"
+
+
+def test_logging_and_tracing_keys() -> None:
+    config = parse_config(
+        MINIMAL
+        + "logging: {format: json, level: warning, access_log: false}\n"
+        + "tracing: {otlp_endpoint: 'http://collector:4318', service_name: edge-1}\n"
+    )
+    assert (config.logging.format, config.logging.level) == ("json", "warning")
+    assert config.logging.access_log is False
+    assert config.tracing.traces_url == "http://collector:4318/v1/traces"
+    assert config.tracing.service_name == "edge-1"
+    default = parse_config(MINIMAL)
+    assert (default.logging.format, default.logging.access_log) == ("text", True)
+    assert default.tracing.traces_url is None
+
+
+def test_an_otlp_endpoint_with_a_path_is_used_as_it_is() -> None:
+    tracing = TracingConfig(otlp_endpoint="https://otel.example/custom/traces")
+    assert tracing.traces_url == "https://otel.example/custom/traces"
+    assert TracingConfig(otlp_endpoint="http://c:4318/").traces_url == "http://c:4318/v1/traces"
+
+
+def test_logging_and_tracing_problems_name_their_keys() -> None:
+    with pytest.raises(ConfigError) as caught:
+        parse_config(
+            MINIMAL + "logging: {format: xml}\ntracing: {otlp_endpoint: 'collector:4318'}\n"
+        )
+    assert caught.value.problems == (
+        'logging.format: expected one of "json", "text", got "xml"',
+        "tracing.otlp_endpoint: expected an http:// or https:// URL of an OTLP/HTTP collector, "
+        'got "collector:4318"',
+    )

@@ -6,7 +6,7 @@ import importlib.metadata
 from typing import get_args
 
 from narwhal.errors import NarwhalError, Outcome
-from narwhal.metrics import OUTCOMES, RouterMetrics, installed_version
+from narwhal.metrics import DISTRIBUTION, OUTCOMES, RouterMetrics, installed_version
 from tests.metrics_text import samples, series, total
 
 DURATION = "narwhal_request_duration_seconds"
@@ -62,7 +62,7 @@ def test_a_duration_goes_to_the_completed_series_only_when_the_outcome_is_comple
 
 
 def test_build_info_carries_the_installed_version() -> None:
-    version = importlib.metadata.version("narwhal")
+    version = importlib.metadata.version(DISTRIBUTION)
     assert installed_version() == version
     values = samples(RouterMetrics().render().decode())
     assert {k: v for k, v in values.items() if k.startswith("narwhal_build_info")} == {

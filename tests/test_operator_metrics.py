@@ -15,6 +15,7 @@ from typing import Any
 import aiohttp
 
 from narwhal.config import AdmissionConfig, Config, EngineConfig, FleetConfig
+from narwhal.metrics import DISTRIBUTION
 from narwhal.router import Router
 from narwhal.sim import SimOptions, start_sim
 from tests.hostile_engine import HostileEngine, Script, sse
@@ -207,7 +208,7 @@ async def test_prompt_tokens_are_the_engines_count_and_a_broken_stream_counts_it
 async def test_the_page_carries_build_process_and_engine_state_series() -> None:
     async with router_over([("s0", instant(), {"wave": 1}), ("s1", instant(), {})]) as url:
         values = await metrics_of(url)
-    version = importlib.metadata.version("narwhal")
+    version = importlib.metadata.version(DISTRIBUTION)
     assert values[f'narwhal_build_info{{version="{version}"}}'] == 1
     for name in (
         "process_cpu_seconds_total",

@@ -274,7 +274,7 @@ def test_every_install_line_installs_from_a_checkout() -> None:
         for line in re.findall(r"pip install ([^`\n]+)", path.read_text(encoding="utf-8")):
             # What it installs: its first word that is not an option (prose and `&& ...`
             # may follow it).
-            word = next(w.strip("'\"") for w in line.split() if not w.startswith("-"))
+            word = next(w.strip("'\"();,") for w in line.split() if not w.startswith("-"))
             if word.startswith("."):
                 asked = re.fullmatch(r"\.(?:\[([\w,-]+)\])?", word)
                 named = (

@@ -2,9 +2,9 @@
 
 It checks what `narwhal serve` would: the file (every problem in it, not only the first),
 the secrets it names (environment variables and files, read from this environment), the
-TLS certificate and key, and the tokenizer. Each problem is one line on stderr,
-`error: <key>: <what is wrong>`, and the exit status is 2; otherwise the effective
-configuration goes to stdout, secrets redacted.
+TLS certificate and key, the tokenizer, and the OpenTelemetry SDK if spans are asked for.
+Each problem is one line on stderr, `error: <key>: <what is wrong>`, and the exit status
+is 2; otherwise the effective configuration goes to stdout, secrets redacted.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ import yaml
 from narwhal.api.tls import server_tls_context
 from narwhal.config import ConfigError, config_to_builtins, read_config, resolve_secrets
 from narwhal.sizing import load_sizer
+from narwhal.tracing import check_tracing
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -34,6 +35,7 @@ def run(args: argparse.Namespace) -> int:
         lambda: resolve_secrets(written, os.environ),
         lambda: server_tls_context(written.serving),
         lambda: load_sizer(written.tokenizer),
+        lambda: check_tracing(written.tracing),
     ):
         try:
             check()

@@ -29,6 +29,7 @@ from narwhal.schema import Path, Problem, type_problems
 NonNegativeInt = Annotated[int, Meta(ge=0)]
 PositiveInt = Annotated[int, Meta(ge=1)]
 PositiveSeconds = Annotated[float, Meta(gt=0)]
+NonNegativeSeconds = Annotated[float, Meta(ge=0)]
 Port = Annotated[int, Meta(ge=0, le=65535)]
 # Below this an engine's ordinary events (a few hundred bytes, a usage chunk) would not fit.
 ByteLimit = Annotated[int, Meta(ge=4096)]
@@ -57,7 +58,10 @@ class ServingConfig(Struct, frozen=True, forbid_unknown_fields=True, kw_only=Tru
     # HTTPS to clients: a PEM certificate chain and its private key, both or neither.
     tls_cert: NonEmpty | None = None
     tls_key: NonEmpty | None = None
-    # How long admitted requests may run on after SIGTERM before the router exits.
+    # After SIGTERM (`shutdown.py`): how long /ready answers 503 shutting_down while the
+    # listener stays open, so that load balancers stop sending before connections are
+    # refused; then how long admitted requests may run on before the router ends them.
+    shutdown_delay_s: NonNegativeSeconds = 5.0
     drain_timeout_s: PositiveSeconds = 30.0
 
 
@@ -178,6 +182,36 @@ class HAConfig(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
         return self.fence_margin_s or max(0.1, self.lease_ttl_s / 10)
 
 
+class LoggingConfig(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    """What the router logs, and how (`logs.py`); `narwhal serve --log-format`,
+    `--log-level` and `--no-access-log` override these keys."""
+
+    # text: a line for people; json: one JSON object a line (ts, level, logger, message).
+    format: Literal["text", "json"] = "text"
+    level: Literal["debug", "info", "warning", "error"] = "info"
+    # One line per completion request at INFO on the `narwhal.access` logger: its id,
+    # route, status, outcome, engines, token counts, TTFT and duration (never its text).
+    access_log: bool = True
+
+
+class TracingConfig(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    """The router's own OpenTelemetry spans (`otel.py`, the `narwhal[otel]` extra). A
+    client's valid W3C traceparent goes to the engines whether or not this is set."""
+
+    # An OTLP/HTTP collector: its traces URL (http://host:4318/v1/traces), or its base URL
+    # (http://host:4318), to which /v1/traces is added. Null: the router records no spans.
+    otlp_endpoint: NonEmpty | None = None
+    service_name: Name = "narwhal"
+
+    @property
+    def traces_url(self) -> str | None:
+        """Where spans are posted: `otlp_endpoint`, with /v1/traces when it has no path."""
+        endpoint = self.otlp_endpoint
+        if endpoint is None or urlsplit(endpoint).path.strip("/"):
+            return endpoint
+        return endpoint.rstrip("/") + "/v1/traces"
+
+
 class Config(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
     model: Annotated[str, Meta(min_length=1)]
     engines: tuple[EngineConfig, ...]
@@ -186,6 +220,8 @@ class Config(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
     tokenizer: str | None = None
     fleet: FleetConfig = FleetConfig()
     ha: HAConfig = HAConfig()
+    logging: LoggingConfig = LoggingConfig()
+    tracing: TracingConfig = TracingConfig()
 
     @property
     def max_event_bytes(self) -> int:
@@ -416,12 +452,36 @@ def _check_ha(ha: HAConfig) -> list[Problem]:
     return problems
 
 
+def _check_tracing(tracing: TracingConfig) -> list[Problem]:
+    endpoint = tracing.otlp_endpoint
+    if endpoint is None:
+        return []
+    url = urlsplit(endpoint)
+    if url.scheme in ("http", "https") and url.hostname:
+        return []
+    return [
+        Problem(
+            ("tracing", "otlp_endpoint"),
+            "expected an http:// or https:// URL of an OTLP/HTTP collector, "
+            f"got {json.dumps(endpoint)}",
+        )
+    ]
+
+
 _SECTION_CHECKS: dict[str, Callable[[Any], list[Problem]]] = {
     "serving": _check_serving,
     "fleet": _check_fleet,
     "ha": _check_ha,
+    "tracing": _check_tracing,
 }
 _FIELD_TYPES: dict[str, Any] = {f.encode_name: f.type for f in msgspec.structs.fields(Config)}
+
+
+def section_problems(name: str, section: Struct) -> list[str]:
+    """What the checks of section `name` find in `section` when its values come from
+    elsewhere than the file (command-line flags), one problem a string."""
+    check = _SECTION_CHECKS.get(name)
+    return [] if check is None else [str(p) for p in check(section)]
 
 
 def _one_source(path: Path, key: str, section: Struct) -> list[Problem]:

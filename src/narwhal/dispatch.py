@@ -13,7 +13,8 @@ No HTTP here: the api layer owns the client side (parsing, writing, the relay). 
 fleet.max_attempts attempts, then 502. Every attempt owns its upstream response and
 closes it (success, error, timeout, disconnect, cancellation), so the engine sees a
 disconnect at once and no slot, count or connection is left behind. The request deadline
-covers everything: before headers a 504 `terminal_expiry`, after them an error event.
+covers everything: before headers a 504 `terminal_expiry`, after them an error event. So
+does a shutdown's drain deadline (`narwhal.drain`), with a 503 before headers.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from narwhal.admission.gate import AdmissionGate, Unplaceable
 from narwhal.admission.predictive import PredictiveCheck
 from narwhal.admission.queue import Ticket
 from narwhal.config import Config
+from narwhal.drain import Drain
 from narwhal.engines.client import EngineClient, EngineUnavailable
 from narwhal.engines.prefill import run_prefill
 from narwhal.engines.stream import EngineStream, TruncatedStream
@@ -57,6 +59,7 @@ from narwhal.scheduler.registry import EngineRegistry
 from narwhal.scheduler.scheduler import Plan, Scheduler
 from narwhal.sizing import PromptSize
 from narwhal.state import RouterState
+from narwhal.tracing import ADMISSION_WAIT, DECODE, NO_SPAN, PLACEMENT, PREFILL, Span
 
 log = logging.getLogger(__name__)
 _DRAIN_TIMEOUT_S = 1.0
@@ -69,9 +72,20 @@ _DONE_GRACE_S = 0.01
 _RETRYABLE = (EngineUnavailable, EngineError, EngineOutputError, TruncatedStream)
 
 
+@dataclass(frozen=True, slots=True)
+class Served:
+    """The answer the client got: its tokens (as counted in narwhal_*_tokens_total) and
+    its time to first token (arrival to the first output token), if it had one."""
+
+    prompt_tokens: int
+    completion_tokens: int
+    ttft_s: float | None
+
+
 @dataclass(slots=True)
 class RequestContext:
-    """What the front learned of a request besides its body."""
+    """What the front learned of a request besides its body, and what the dispatcher
+    tells it back for the request's access line (`engines`, `served`)."""
 
     request_id: str
     arrived: float  # time.monotonic() when the request arrived
@@ -79,6 +93,9 @@ class RequestContext:
     prompt_tokens: int  # workload sizing
     authorization: str | None = None  # the client's Authorization header
     prompt_size: PromptSize | None = None  # how the prompt was sized
+    span: Span = NO_SPAN  # the request's span; its phases' spans are children (tracing.py)
+    engines: tuple[str, ...] = ()  # where its last attempt was placed
+    served: Served | None = None  # set once an answer has gone (or is going) to the client
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,7 +111,16 @@ class StreamLease:
     `deadline` (loop time), and calls `finish(outcome)` exactly once, in `finally`: that
     closes the engine stream, accounts its output and frees the request's slots."""
 
-    __slots__ = ("_dispatcher", "_finished", "_ticket", "context", "deadline", "first", "stream")
+    __slots__ = (
+        "_dispatcher",
+        "_finished",
+        "_ticket",
+        "_trace",
+        "context",
+        "deadline",
+        "first",
+        "stream",
+    )
 
     def __init__(
         self,
@@ -104,14 +130,21 @@ class StreamLease:
         stream: EngineStream,
         first: bytes,
         deadline: float,
+        trace: _AttemptTrace,
     ) -> None:
         self._dispatcher = dispatcher
         self._ticket = ticket
+        self._trace = trace
         self._finished = False
         self.context = context
         self.stream = stream
         self.first = first
         self.deadline = deadline
+
+    @property
+    def shutdown(self) -> Drain:
+        """The shutdown's drain deadline, which may end the stream before `deadline`."""
+        return self._dispatcher.drain
 
     async def drain(self) -> None:
         """After a complete relay: read the end of the engine's body (usually in hand
@@ -129,14 +162,40 @@ class StreamLease:
         dispatcher = self._dispatcher
         metrics = dispatcher.metrics
         if outcome == "expired":
-            metrics.expired.labels("deadline_streaming").inc()
+            ended_by_drain = dispatcher.drain.cut_short(self.deadline)
+            metrics.expired.labels("shutdown" if ended_by_drain else "deadline_streaming").inc()
         elif outcome == "upstream_error":
             metrics.engine_series(self.stream.engine_name).failures["after_headers"].inc()
         try:
             dispatcher.end_attempt(self.stream, self.context)
             dispatcher.count_served(self.stream, self.context, streamed=True)
         finally:
+            if outcome in ("upstream_error", "expired"):
+                self._trace.fail(f"the stream ended {outcome} after the response started")
+            self._trace.end(self.stream)
             dispatcher.release(self._ticket)  # whatever accounting did (a bug is raised on)
+
+
+@dataclass(slots=True)
+class _AttemptTrace:
+    """One attempt's open spans: its placement, and its decode request once made (a
+    stream's outlives the attempt: its lease ends it)."""
+
+    placement: Span
+    decode: Span | None = None
+
+    def fail(self, description: str) -> None:
+        self.placement.fail(description)
+        if self.decode is not None:
+            self.decode.fail(description)
+
+    def end(self, stream: EngineStream | None) -> None:
+        decode = self.decode
+        if decode is not None:
+            if stream is not None and decode.recording:
+                decode.set({"narwhal.completion_tokens": stream.tracker.output_tokens()[0]})
+            decode.end()
+        self.placement.end()
 
 
 def _addresses_of(url: str) -> list[str]:
@@ -179,9 +238,12 @@ class Dispatcher:
         check: PredictiveCheck | None = None,
         lengths: OutputLengths | None = None,
         prompt_counted: Callable[[Route, PromptSize, int], None] | None = None,
+        drain: Drain | None = None,
     ) -> None:
         """`check`, `lengths`: predictive admission (the TTFT check, output-length
-        learning); `prompt_counted`: told the engine's count of each sized prompt."""
+        learning); `prompt_counted`: told the engine's count of each sized prompt;
+        `drain`: the shutdown's drain deadline, which ends attempts still running."""
+        self.drain = drain or Drain()
         self._config = config
         self.metrics = metrics
         self.registry = registry
@@ -193,6 +255,15 @@ class Dispatcher:
         self._check = check
         self._lengths = lengths
         self._prompt_counted = prompt_counted
+        self._addresses: list[tuple[str, str]] = []
+        self.reconfigure(config)
+        state.subscribe(self._state_changed)
+
+    def reconfigure(self, config: Config) -> None:
+        """Serve by `config` from now on (a reload): limits, attempts, engine names. A
+        request in flight keeps the engines it was placed on."""
+        self._config = config
+        metrics = self.metrics
         for engine in config.engines:  # every engine's series from the start: zeros, not gaps
             metrics.engine_series(engine.name)
             if engine.role == "prefill":
@@ -203,7 +274,6 @@ class Dispatcher:
             + [(urlsplit(e.url).hostname or "", "<engine host>") for e in config.engines],
             key=lambda pair: -len(pair[0]),
         )
-        state.subscribe(self._state_changed)
 
     def _redact(self, message: str) -> str:
         for address, replacement in self._addresses:
@@ -325,10 +395,11 @@ class Dispatcher:
         attempts = self._config.fleet.max_attempts
         for attempt in range(1, attempts + 1):
             try:
-                if last is None:
-                    await self.gate.admit(ticket, deadline)
-                else:
-                    await self.gate.retry(ticket, last.engine, deadline)
+                with context.span.child(ADMISSION_WAIT, {"narwhal.attempt": attempt}):
+                    if last is None:
+                        await self.gate.admit(ticket, deadline)
+                    else:
+                        await self.gate.retry(ticket, last.engine, deadline)
             except Unplaceable:
                 break
             # Leadership (or maintenance) may have been lost while the request waited:
@@ -336,7 +407,8 @@ class Dispatcher:
             self._check_state()
             plan = ticket.plan
             assert plan is not None, "admitted without a placement"
-            result = await self._attempt(request, context, ticket, plan, deadline)
+            context.engines = plan.engine_names
+            result = await self._attempt(request, context, ticket, plan, deadline, attempt)
             if not isinstance(result, _Failed):
                 return result
             last = result
@@ -360,6 +432,7 @@ class Dispatcher:
         ticket: Ticket,
         plan: Plan,
         deadline: float,
+        attempt: int,
     ) -> Assembled | StreamLease | _Failed:
         """One placement: the optional prefill half, then the decode stream's first events
         (streaming) or all of it (non-streaming); `_Failed` when another placement may
@@ -383,18 +456,26 @@ class Dispatcher:
         stream: EngineStream | None = None
         working = plan.first  # the engine a failure now would be on
         leased = False
+        placement = context.span.child(
+            PLACEMENT, {"narwhal.attempt": attempt, "narwhal.engines": plan.engine_names}
+        )
+        trace = _AttemptTrace(placement)
         try:
             try:
-                async with asyncio.timeout_at(deadline):
+                async with self.drain.timeout_at(deadline):
                     body = upstream_body(request, client.dialect)
                     if plan.prefill is not None:
                         sent = time.monotonic()
-                        body["kv_transfer_params"] = await run_prefill(
-                            self._clients[plan.prefill.name],
-                            request,
-                            request_id=context.request_id,
-                            client_authorization=context.authorization,
-                        )
+                        with placement.child(
+                            PREFILL, {"narwhal.engine": plan.prefill.name}
+                        ) as half:
+                            body["kv_transfer_params"] = await run_prefill(
+                                self._clients[plan.prefill.name],
+                                request,
+                                request_id=context.request_id,
+                                client_authorization=context.authorization,
+                                trace=half.propagated(),
+                            )
                         # The decode engine's TTFT holds this wait too; only this series
                         # says which prefill engine it was spent on.
                         self.metrics.prefill_series(plan.prefill.name).observe(
@@ -402,11 +483,13 @@ class Dispatcher:
                         )
                         self.gate.prefill_answered(ticket)
                         working = plan.decode
+                    trace.decode = placement.child(DECODE, {"narwhal.engine": client.name})
                     response = await client.open_stream(
                         request.route,
                         body,
                         request_id=context.request_id,
                         client_authorization=context.authorization,
+                        trace=trace.decode.propagated(),
                     )
                     limit = self._config.max_event_bytes
                     if request.stream:
@@ -438,18 +521,22 @@ class Dispatcher:
                             completion_tokens=completion_tokens,
                         )
             except TimeoutError:
-                raise self._expired_before_headers() from None
+                trace.fail("the request deadline expired")
+                raise self._timed_out_before_headers(deadline) from None
             except _RETRYABLE as error:
+                trace.fail(error.message)
                 self.metrics.engine_series(working.name).failures["before_headers"].inc()
                 return _Failed(working.name, error.message)
             if request.stream:
                 leased = True
-                return StreamLease(self, ticket, context, stream, first, deadline)
+                return StreamLease(self, ticket, context, stream, first, deadline, trace)
             self.count_served(stream, context, streamed=False)
             return Assembled(assembled)
         finally:
-            if stream is not None and not leased:
-                self.end_attempt(stream, context)
+            if not leased:
+                if stream is not None:
+                    self.end_attempt(stream, context)
+                trace.end(stream)
 
     def end_attempt(self, stream: EngineStream, context: RequestContext) -> None:
         """Close the engine stream and account what it produced."""
@@ -476,11 +563,25 @@ class Dispatcher:
         """Count the tokens of the attempt whose answer goes to the client (only that one:
         an attempt that failed before headers was retried or became the client's error)."""
         tracker = stream.tracker
-        prompt = None if tracker.usage is None else usage_tokens(tracker.usage)[0]
+        usage = None if tracker.usage is None else usage_tokens(tracker.usage)[0]
+        prompt = context.prompt_tokens if usage is None else usage
         completion, _ = tracker.output_tokens()
         series = self.metrics.request_series(tracker.route, streamed)
-        series.prompt_tokens.inc(context.prompt_tokens if prompt is None else prompt)
+        series.prompt_tokens.inc(prompt)
         series.completion_tokens.inc(completion)
+        first = tracker.first_output_at
+        ttft = None if first is None else first - context.arrived
+        context.served = Served(prompt, completion, ttft)
+
+    def _timed_out_before_headers(self, deadline: float) -> RouterUnavailable | TerminalExpiry:
+        if self.drain.cut_short(deadline):
+            # The shutdown's drain deadline, not the request's: no response has started,
+            # so the client gets a 503 it may retry on another router.
+            return RouterUnavailable(
+                "This router is shutting down: its drain deadline ended the request before "
+                "the response started."
+            )
+        return self._expired_before_headers()
 
     def _expired_before_headers(self) -> TerminalExpiry:
         self.metrics.expired.labels("deadline_before_headers").inc()

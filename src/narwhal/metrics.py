@@ -35,7 +35,8 @@ ROUTES: Final[tuple[Route, ...]] = get_args(Route)
 REJECT_REASONS = ("retention", "queue")
 # prompt: the prompt alone exceeds the TTFT budget; projected: the projected TTFT does.
 REFUSE_REASONS = ("prompt", "projected")
-EXPIRY_STAGES = ("admission_wait", "deadline_before_headers", "deadline_streaming")
+# `shutdown`: a stream still running at the drain deadline after SIGTERM (`drain.py`).
+EXPIRY_STAGES = ("admission_wait", "deadline_before_headers", "deadline_streaming", "shutdown")
 TOKEN_SOURCES = ("token_ids", "usage", "events")
 FAILURE_STAGES = ("before_headers", "after_headers")
 

@@ -15,12 +15,22 @@ builds none of them: placement by in-flight work, as before.
 once its engines are monitored and profiled, so the standby that takes over is warm; until
 it wins it refuses traffic as `standby`. The operator state (drains, maintenance waves)
 then lives in etcd under the fleet's key.
+
+While it runs, `reload(config)` applies a reloaded configuration (`narwhal.reload` reads
+and checks the file, on SIGHUP or `POST /admin/reload`): limits, budgets and tokens take
+their new values in the components that hold them, and the engines added, removed and
+changed go through `FleetMembership`. What only a restart can change is refused by key
+(`config_changes`), and then nothing changes. The shutdown's drain deadline (`drain.py`)
+is built here too and shared by everything that waits on a request's deadline.
 """
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import os
 import socket
+from collections.abc import Callable
 
 import aiohttp
 from aiohttp import web
@@ -34,20 +44,25 @@ from narwhal.api.auth import BearerTokens
 from narwhal.api.completions import CompletionFront
 from narwhal.api.engines_report import EngineReport
 from narwhal.api.ops import OpsRoutes
-from narwhal.config import Config, resolve_secrets
+from narwhal.config import Config, ConfigError, resolve_secrets
+from narwhal.config_changes import compare
 from narwhal.dispatch import Dispatcher
+from narwhal.drain import Drain
 from narwhal.engines.client import EngineClient
 from narwhal.engines.profiling import Profiler
 from narwhal.engines.upstream import UpstreamPool
+from narwhal.errors import RouterUnavailable
 from narwhal.fleet.monitor import FleetMonitor
 from narwhal.ha.election import Timing
-from narwhal.ha.etcd import EtcdClient
+from narwhal.ha.etcd import EtcdClient, EtcdError, EtcdUnavailable
 from narwhal.ha.leadership import Leadership
 from narwhal.loop_monitor import LoopMonitor
+from narwhal.membership import FleetMembership
 from narwhal.metrics import RouterMetrics
 from narwhal.models.book import ModelBook
 from narwhal.models.metrics import ModelCollector
-from narwhal.operator_state import OperatorState
+from narwhal.operator_state import OperatorState, OperatorStateUnavailable
+from narwhal.reload import ConfigReloader
 from narwhal.scheduler.learning import PlacementLearning
 from narwhal.scheduler.metrics import EngineStateCollector
 from narwhal.scheduler.predictive import ProjectingScorer, decoding_on
@@ -58,16 +73,29 @@ from narwhal.scheduler.registry import EngineEntry, EngineRegistry
 from narwhal.scheduler.scheduler import Scheduler
 from narwhal.sizing import EngineTokenizer, TokenizeCandidate, WorkloadSizer, load_sizer
 from narwhal.state import RouterState
+from narwhal.tracing import Tracer, build_tracer
 
 # How long start-up waits for the first profiles before listening (predictive mode).
 PROFILE_WAIT_S = 10.0
+log = logging.getLogger(__name__)
 
 
 class Router:
-    def __init__(self, config: Config) -> None:
+    def __init__(
+        self,
+        config: Config,
+        *,
+        source: Callable[[], Config] | None = None,
+        tracer: Tracer | None = None,
+    ) -> None:
+        """`source()`: the configuration file, read and checked again (blocking), for a
+        reload; None when there is no file (the embedded default). `tracer`: the spans'
+        recorder in place of the one `config.tracing` names."""
         # Secrets named by `_env`/`_file` keys are read here if the caller has not (ConfigError
         # when one cannot be): every component below sees them inline.
         config = self.config = resolve_secrets(config, os.environ)
+        # First: without the SDK that tracing.otlp_endpoint needs, nothing else is built.
+        self.tracer: Tracer = tracer or build_tracer(config.tracing)
         self.metrics = RouterMetrics()
         ha = config.ha.backend == "etcd"
         # With HA, refuse from the first instant: leadership is proven, never assumed.
@@ -81,6 +109,11 @@ class Router:
         self.book: ModelBook | None = None
         listener: PlacementListener | None = None
         check: PredictiveCheck | None = None
+        self.check: PredictiveCheck | None = None
+        self.drain = Drain()
+        self.shutting_down = False
+        # Called with the new configuration after each reload (the server's own settings).
+        self.reloaded: list[Callable[[Config], None]] = []
         self.scheduler = Scheduler(self.registry, round_robin=round_robin, prefix=self.prefix)
         if predictive:
             book = self.book = ModelBook(
@@ -98,7 +131,7 @@ class Router:
                 self.scheduler.scorer = ProjectingScorer(
                     book, tpot_target_s=admission.tpot_target_s, prefix=self.prefix
                 )
-            check = PredictiveCheck(
+            check = self.check = PredictiveCheck(
                 self.registry,
                 book,
                 ttft_budget_s=admission.ttft_target_s,
@@ -125,8 +158,15 @@ class Router:
         self.gate = AdmissionGate(
             self.admission, self.metrics, wait_timeout_s=admission.wait_timeout_s
         )
+        # At the drain deadline, a request still waiting for a slot is refused like one
+        # arriving now (a retry may be waiting: the first attempt failed during the drain).
+        self.drain.subscribe(
+            lambda: self.gate.refuse_waiting(
+                lambda: RouterUnavailable("This router is shutting down (drain deadline).")
+            )
+        )
         self.pool = UpstreamPool(connect_timeout=5.0, idle_timeout=30.0)
-        self.clients = {
+        self.clients: dict[str, EngineClient] = {
             e.name: EngineClient(
                 e, self.pool, forward_client_authorization=config.forwards_client_authorization(e)
             )
@@ -147,23 +187,33 @@ class Router:
             check=check,
             lengths=None if self.book is None else self.book.lengths,
             prompt_counted=self.sizer.observe_engine_prompt_tokens,
+            drain=self.drain,
         )
         self.report = EngineReport(self.registry, self.scheduler)
-        api_keys = BearerTokens(config.serving.api_keys)
-        front = CompletionFront(
-            config, self.metrics, self.dispatcher, self.sizer, self.state, api_keys
+        api_keys = self.api_keys = BearerTokens(config.serving.api_keys)
+        front = self.front = CompletionFront(
+            config, self.metrics, self.dispatcher, self.sizer, self.state, api_keys, self.tracer
         )
         ops = OpsRoutes(config.model, self.metrics, self.dispatcher, self.state, api_keys)
         self.app: web.Application = build_app(
-            front, ops, config.serving.max_request_bytes, api_keys
+            front,
+            ops,
+            lambda: self.config.serving.max_request_bytes,
+            api_keys,
+            closing=lambda: self.shutting_down,
         )
         self.operator = OperatorState(self.registry, self.dispatcher.capacity_changed)
-        AdminRoutes(self.operator, self.report, config.serving.admin_token).add_to(self.app)
+        self.reloader = ConfigReloader(source, self.reload)
+        self.admin = AdminRoutes(
+            self.operator, self.report, config.serving.admin_token, reload=self.reloader.reload
+        )
+        self.admin.add_to(self.app)
         self.app.on_startup.append(self._on_startup)
         self.app.on_cleanup.append(self._on_cleanup)
         self._session: aiohttp.ClientSession | None = None  # fleet probes, tokenize calls
         self.monitor: FleetMonitor | None = None
         self.profiler: Profiler | None = None
+        self.membership: FleetMembership | None = None
         self.leadership: Leadership | None = None
         self.loop_monitor = LoopMonitor(self.metrics.registry)
 
@@ -197,6 +247,17 @@ class Router:
                 changed=self.dispatcher.capacity_changed,
             )
             await self.profiler.start(PROFILE_WAIT_S)
+        self.membership = FleetMembership(
+            registry=self.registry,
+            clients=self.clients,
+            pool=self.pool,
+            monitor=monitor,
+            gate=self.gate,
+            book=self.book,
+            prefix=self.prefix,
+            profiler=self.profiler,
+            changed=self.dispatcher.capacity_changed,
+        )
         if self.config.ha.backend == "etcd":
             await self._start_leadership(session)
 
@@ -216,13 +277,70 @@ class Router:
         await self.leadership.start()
 
     async def stop_admitting(self) -> None:
-        """SIGTERM: refuse new work at once and hand leadership to a standby."""
+        """SIGTERM: refuse new work at once (the requests queued too) and hand leadership
+        to a standby; what is placed already runs on."""
+        self.shutting_down = True
         self.state.set("shutdown", "shutting_down", "stopping")
         if self.leadership is not None:
             await self.leadership.resign()
 
+    async def reload(self, config: Config) -> list[str]:
+        """Serve by `config` from now on; a line per change. ConfigError, with nothing
+        changed, when it differs in what only a restart can change."""
+        config = resolve_secrets(config, os.environ)  # read already when it came from a file
+        changes = compare(self.config, config)
+        if changes.restart:
+            raise ConfigError(*changes.restart)
+        if not changes.described:
+            return []
+        membership = self.membership
+        if membership is None:
+            raise ConfigError("the router is still starting: reload once it is listening")
+        running, self.config = self.config, config
+        self._apply_settings(config)
+        self.dispatcher.reconfigure(config)
+        self.front.reconfigure(config)
+        membership.apply(running, config, changes.engines)
+        if changes.engines.added or changes.engines.replaced:
+            await self._adopt_operator_state()
+        for listener in self.reloaded:
+            listener(config)
+        return list(changes.described)
+
+    def _apply_settings(self, config: Config) -> None:
+        """Limits, budgets and tokens: each component takes its new values."""
+        serving, admission = config.serving, config.admission
+        controller = self.admission
+        controller.max_retained = serving.max_retained
+        controller.queue.limit = admission.queue_limit
+        controller.prefill_limit = admission.phase_concurrency.prefill
+        controller.decode_limit = admission.phase_concurrency.decode
+        self.gate.wait_timeout_s = admission.wait_timeout_s
+        if self.book is not None:
+            self.book.budget = admission.ttft_target_s
+        if self.check is not None:
+            self.check.budget = admission.ttft_target_s
+        if isinstance(self.scheduler.scorer, ProjectingScorer):
+            self.scheduler.scorer.tpot_target_s = admission.tpot_target_s
+        self.api_keys.replace(serving.api_keys)
+        self.admin.set_admin_token(serving.admin_token)
+        if self.monitor is not None:
+            self.monitor.reconfigure(config.fleet)
+        # Higher limits may let queued requests start now.
+        self.gate.reconsider()
+
+    async def _adopt_operator_state(self) -> None:
+        """With high availability, an engine added may be drained in etcd already (it was
+        drained before an earlier reload removed it): apply that before it is placed."""
+        try:
+            await self.operator.load()
+        except (EtcdUnavailable, EtcdError, OperatorStateUnavailable) as e:
+            log.warning("reload: could not read the drains from etcd (next renewal will): %s", e)
+
     async def _on_cleanup(self, app: web.Application) -> None:
         await self.loop_monitor.close()
+        if self.membership is not None:
+            await self.membership.close()
         if self.leadership is not None:
             await self.leadership.resign()  # idempotent: SIGTERM resigned already
         if self.profiler is not None:
@@ -232,6 +350,8 @@ class Router:
         if self._session is not None:
             await self._session.close()
         await self.pool.close()
+        # The spans still queued go out last (in a thread: export is blocking I/O).
+        await asyncio.to_thread(self.tracer.close)
 
     def _tokenize_candidates(self) -> list[TokenizeCandidate]:
         """Engines that may count a prompt: healthy ones (placeability aside); the
@@ -244,7 +364,7 @@ class Router:
                 entry.config.authorization,
             )
             for entry in self.registry.entries.values()
-            if entry.health is not None and entry.health.healthy
+            if entry.health is not None and entry.health.healthy and not entry.retiring
         ]
 
 

@@ -5,6 +5,11 @@ cannot be loaded, a port in use) is said in one line each, `error: ...` on stder
 the exit status is 2; whatever had started by then (the embedded default's engines) is
 closed first. The listening sockets are bound before the router starts anything else
 (`api/listen.py`), so a busy port costs no engine probes.
+
+Signals: SIGTERM (and SIGINT) start the shutdown sequence (`shutdown.py`: /ready 503
+`shutting_down` with the listener open for `serving.shutdown_delay_s`, then the drain of
+admitted requests for `serving.drain_timeout_s`); SIGHUP re-reads the configuration file
+and applies what can change live (`reload.py`).
 """
 
 from __future__ import annotations
@@ -26,8 +31,20 @@ from aiohttp import web
 from narwhal.api.listen import CannotListen, bind_sockets, listen_failure
 from narwhal.api.server import ClientRunner, head_timeout_s
 from narwhal.api.tls import server_tls_context
-from narwhal.config import Config, ConfigError, EngineConfig, Role, load_config
+from narwhal.config import (
+    Config,
+    ConfigError,
+    EngineConfig,
+    LoggingConfig,
+    Role,
+    ServingConfig,
+    TracingConfig,
+    load_config,
+    section_problems,
+)
+from narwhal.logs import configure_logging
 from narwhal.router import Router
+from narwhal.shutdown import Shutdown
 
 log = logging.getLogger("narwhal")
 EMBEDDED_MODEL = "narwhal-sim"
@@ -40,31 +57,52 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--port", type=int, help="override serving.port (0: any free port)")
     parser.add_argument(
         "--log-level",
-        default="info",
         choices=["debug", "info", "warning", "error"],
-        help="log level (default: info); logs go to stderr",
+        help="override logging.level (default: info); logs go to stderr",
+    )
+    parser.add_argument(
+        "--log-format",
+        choices=["text", "json"],
+        help="override logging.format: text, or json (one JSON object a line)",
+    )
+    parser.add_argument(
+        "--no-access-log",
+        action="store_true",
+        help="no access line per completion request (logging.access_log: false)",
+    )
+    parser.add_argument(
+        "--otlp-endpoint",
+        metavar="URL",
+        help="override tracing.otlp_endpoint: export the router's own spans there by "
+        "OTLP/HTTP (needs the otel extra)",
     )
 
 
 def run(args: argparse.Namespace) -> int:
     # `*_created` samples double every counter's series for no operational use.
     prometheus_client.disable_created_metrics()  # type: ignore[no-untyped-call]
-    logging.basicConfig(
-        level=args.log_level.upper(),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
     overrides: dict[str, Any] = {}
     if args.host is not None:
         overrides["host"] = args.host
     if args.port is not None:
         overrides["port"] = args.port
+
+    def with_flags(config: Config) -> Config:
+        return _with_flags(_with_serving(config, overrides), args)
+
     try:
-        if not args.config:
-            run_event_loop(lambda: serve_embedded(overrides))
+        config = None if not args.config else with_flags(load_config(args.config))
+        configure_logging(_logging(config.logging if config else LoggingConfig(), args))
+        if config is None:
+            run_event_loop(lambda: serve_embedded(with_flags))
         else:
-            config = _with_serving(load_config(args.config), overrides)
-            run_event_loop(lambda: serve_forever(config))
+            path: str = args.config
+
+            def source() -> Config:
+                """The file as it is now, with the command line's flags (a reload)."""
+                return with_flags(load_config(path))
+
+            run_event_loop(lambda: serve_forever(config, source))
     except ConfigError as e:
         for problem in e.problems:
             print(f"error: {problem}", file=sys.stderr)
@@ -82,7 +120,36 @@ def _with_serving(config: Config, overrides: dict[str, Any]) -> Config:
     return msgspec.structs.replace(config, serving=serving)
 
 
-async def serve_embedded(overrides: dict[str, Any]) -> None:
+def _with_flags(config: Config, args: argparse.Namespace) -> Config:
+    """`config` with the logging and tracing flags given on the command line."""
+    tracing = config.tracing
+    if args.otlp_endpoint is not None:
+        tracing = _checked_tracing(
+            msgspec.structs.replace(tracing, otlp_endpoint=args.otlp_endpoint)
+        )
+    return msgspec.structs.replace(config, logging=_logging(config.logging, args), tracing=tracing)
+
+
+def _logging(config: LoggingConfig, args: argparse.Namespace) -> LoggingConfig:
+    changes: dict[str, Any] = {}
+    if args.log_level is not None:
+        changes["level"] = args.log_level
+    if args.log_format is not None:
+        changes["format"] = args.log_format
+    if args.no_access_log:
+        changes["access_log"] = False
+    return msgspec.structs.replace(config, **changes) if changes else config
+
+
+def _checked_tracing(tracing: TracingConfig) -> TracingConfig:
+    """The flag's endpoint, held to the configuration key's checks."""
+    problems = section_problems("tracing", tracing)
+    if problems:
+        raise ConfigError(*problems)
+    return tracing
+
+
+async def serve_embedded(with_flags: Callable[[Config], Config]) -> None:
     """The embedded default: simulated engines (one prefill, one decode) in this process.
 
     They speak the vLLM dialect on loopback ports of their own, so the router in front of
@@ -96,8 +163,10 @@ async def serve_embedded(overrides: dict[str, Any]) -> None:
             EngineConfig(name=f"sim-{role}", url=sim.url, role=role)
             for role, sim in zip(ROLES, sims, strict=True)
         )
-        config = Config(model=EMBEDDED_MODEL, engines=engines)
-        await serve_forever(_with_serving(config, overrides))
+        # No load balancer sends to a demo on loopback: Ctrl-C stops it without the delay.
+        serving = ServingConfig(shutdown_delay_s=0)
+        config = Config(model=EMBEDDED_MODEL, engines=engines, serving=serving)
+        await serve_forever(with_flags(config))
     finally:
         for sim in sims:
             await sim.close()
@@ -113,21 +182,28 @@ def run_event_loop(main: Callable[[], Coroutine[Any, Any, None]]) -> None:
         runner.run(main())
 
 
-async def serve_forever(config: Config) -> None:
+async def serve_forever(config: Config, source: Callable[[], Config] | None = None) -> None:
+    """Serve until SIGTERM or SIGINT; `source()` reads the configuration again (SIGHUP)."""
     serving = config.serving
     tls = server_tls_context(serving)
     sockets = bind_sockets(serving.host, serving.port)
     try:
-        await _serve_on(config, sockets, tls)
+        await _serve_on(config, source, sockets, tls)
     finally:
         for sock in sockets:
             sock.close()  # those a site took are closed already; this is for the rest
 
 
 async def _serve_on(
-    config: Config, sockets: list[socket.socket], tls: ssl.SSLContext | None
+    config: Config,
+    source: Callable[[], Config] | None,
+    sockets: list[socket.socket],
+    tls: ssl.SSLContext | None,
 ) -> None:
-    router = Router(config)
+    router = Router(config, source=source)
+    loop = asyncio.get_running_loop()
+    # From the start: SIGHUP's default action would end the process while it starts.
+    loop.add_signal_handler(signal.SIGHUP, router.reloader.signalled)
     # handler_cancellation: a client that disconnects cancels its handler at once, so the
     # upstream request is cancelled too instead of running on for nobody.
     runner = ClientRunner(
@@ -157,18 +233,21 @@ async def _serve_on(
         shown = f"[{host}]" if ":" in host else host
         print(f"narwhal listening on {scheme}://{shown}:{port}", flush=True)
 
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
+        router.reloaded.append(lambda new: runner.set_head_timeout(head_timeout_s(new.serving)))
+        shutdown = Shutdown(router, runner)
         for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, stop.set)
-        await stop.wait()
-        # Graceful shutdown: readiness goes false first, then the listener closes, admitted
-        # requests get up to serving.drain_timeout_s to finish, and only then do the engine
-        # clients close. Requests still running after the drain are cancelled and counted.
-        await router.stop_admitting()
+            loop.add_signal_handler(sig, shutdown.signal)
+        await shutdown.requested()
+        await shutdown.hold_listener()
+        shutdown.start_draining()
         print("narwhal draining", flush=True)
     finally:
-        await runner.cleanup()  # also after a failed start: sessions and probes close
+        # Closes the listener, waits for the requests in flight (until the drain deadline
+        # has ended them), then the engine clients and probes close. Also after a failed
+        # start.
+        await runner.cleanup()
+        loop.remove_signal_handler(signal.SIGHUP)
+    await shutdown.finished()
 
 
 def _bound_port(runner: web.AppRunner) -> int:

@@ -29,8 +29,6 @@ DEPLOY = Path(__file__).resolve().parents[2] / "deploy" / "kubernetes"
 MANIFESTS = sorted(p for p in DEPLOY.glob("*.yaml") if p.name != "kustomization.yaml")
 # The oldest Kubernetes the manifests claim, and the newest the package bundles schemas of.
 KUBERNETES_VERSIONS = ("1.30.0", "1.37.0")
-# DESIGN.md's default, for as long as the configuration has no serving.shutdown_delay_s.
-DOCUMENTED_SHUTDOWN_DELAY_S = 5.0
 
 
 def _documents(path: Path) -> list[dict[str, Any]]:
@@ -189,7 +187,7 @@ def test_the_grace_period_covers_the_shutdown_delay_and_the_drain(
     effective: dict[str, Any],
 ) -> None:
     serving = effective["serving"]
-    shutdown = serving.get("shutdown_delay_s", DOCUMENTED_SHUTDOWN_DELAY_S)
+    shutdown = serving["shutdown_delay_s"]
     pod = _resource("Deployment", "narwhal")["spec"]["template"]["spec"]
     assert pod["terminationGracePeriodSeconds"] > shutdown + serving["drain_timeout_s"]
 

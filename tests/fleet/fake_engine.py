@@ -36,6 +36,7 @@ class FakeEngine:
         self.version: str | None = None  # GET /version: {"version": ...}, or 404 when None
         self.version_delay_s = 0.0
         self.hits: collections.Counter[str] = collections.Counter()
+        self.authorization: str | None = None  # of the last /health request
         self.port = 0
         self._runner: web.AppRunner | None = None
         self._release = asyncio.Event()
@@ -65,6 +66,7 @@ class FakeEngine:
 
     async def _health(self, request: web.Request) -> web.Response:
         self.hits["/health"] += 1
+        self.authorization = request.headers.get("Authorization")
         return await self._answer(self.health, self.health_body, "application/json")
 
     async def _metrics(self, request: web.Request) -> web.Response:

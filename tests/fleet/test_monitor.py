@@ -14,6 +14,7 @@ from collections.abc import Callable
 
 import aiohttp
 import pytest
+from prometheus_client import CollectorRegistry
 
 from narwhal.config import EngineConfig, FleetConfig
 from narwhal.fleet.monitor import FleetMonitor
@@ -462,3 +463,63 @@ async def test_the_version_is_read_again_when_the_engine_comes_back(
     await wait_for(lambda: monitor.health("e0").version == "0.33.0", within=5.0)
     assert monitor.report("e0", time.monotonic())["supplies_token_ids"] is True
     await monitor.close()
+
+
+async def test_an_engine_added_while_running_is_placeable_once_probed(
+    make_monitor: MonitorFactory, make_engine: Callable[[], FakeEngine], closed_port: int
+) -> None:
+    first, second = make_engine(), make_engine()
+    await first.start()
+    await second.start()
+    registry = CollectorRegistry(auto_describe=True)
+    monitor = make_monitor([engine("e0", first.url)], SLOW, registry=registry)
+    await monitor.start()
+    changes = Changes(monitor, "e1")
+    state = monitor.add(engine("e1", second.url))
+    assert not monitor.is_placeable("e1")  # not before its first round has passed
+    assert state is monitor.health("e1")
+    await wait_for(lambda: monitor.is_placeable("e1"), within=3.0)
+    assert changes.seen == [True]  # announced, so waiting requests look again
+    # Its series exist as the others' do.
+    assert registry.get_sample_value("narwhal_engine_up", {"engine": "e1"}) == 1.0
+    # An engine that cannot be reached is added too, and stays out.
+    monitor.add(engine("gone", f"http://127.0.0.1:{closed_port}"))
+    await wait_for(lambda: monitor.report("gone", time.monotonic())["health"] == "down", 3.0)
+    assert not monitor.is_placeable("gone")
+    with pytest.raises(ValueError, match="duplicate"):
+        monitor.add(engine("e1", second.url))
+
+
+async def test_an_engine_removed_is_probed_no_more(
+    make_monitor: MonitorFactory, make_engine: Callable[[], FakeEngine]
+) -> None:
+    kept, removed = make_engine(), make_engine()
+    await kept.start()
+    await removed.start()
+    registry = CollectorRegistry(auto_describe=True)
+    monitor = make_monitor(
+        [engine("kept", kept.url), engine("removed", removed.url)],
+        fleet(interval=0.05),
+        registry=registry,
+    )
+    await monitor.start()
+    monitor.remove("removed")
+    await asyncio.sleep(0)  # the probe task's cancellation lands
+    hits = removed.hits["/health"]
+    kept_hits = kept.hits["/health"]
+    await wait_for(lambda: kept.hits["/health"] >= kept_hits + 3, within=3.0)
+    assert removed.hits["/health"] == hits
+    assert registry.get_sample_value("narwhal_engine_up", {"engine": "removed"}) is None
+    assert not any(t.get_name() == "fleet-probe-removed" for t in fleet_tasks())
+    assert monitor.is_placeable("kept")
+
+
+async def test_an_engine_updated_in_place_is_probed_with_its_new_key(
+    make_monitor: MonitorFactory, fake_engine: FakeEngine
+) -> None:
+    monitor = make_monitor([engine("e0", fake_engine.url)], fleet(interval=0.05))
+    await monitor.start()
+    assert fake_engine.authorization is None
+    monitor.update(EngineConfig(name="e0", url=fake_engine.url, api_key="sk-new"))
+    await wait_for(lambda: fake_engine.authorization == "Bearer sk-new", within=3.0)
+    assert monitor.is_placeable("e0")  # its state is kept: still up

@@ -19,6 +19,7 @@ from narwhal.admission.controller import Admission, Wakeups
 from narwhal.admission.queue import Ticket, TicketState
 from narwhal.errors import CapacityRejected, TerminalExpiry
 from narwhal.metrics import RouterMetrics
+from narwhal.scheduler.registry import EngineEntry
 
 
 class Unplaceable(Exception):
@@ -35,7 +36,7 @@ class AdmissionGate:
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.controller = controller
-        self._wait_timeout = wait_timeout_s
+        self.wait_timeout_s = wait_timeout_s  # the admission wait (a reload may change it)
         self._metrics = metrics
         self._clock = clock
         self._waiters: dict[Ticket, asyncio.Future[None]] = {}
@@ -46,13 +47,19 @@ class AdmissionGate:
         metrics.prefill_slots.set_function(lambda: c.prefill_in_use)
         metrics.decode_slots.set_function(lambda: c.decode_in_use)
         for entry in c.scheduler.registry.entries.values():
-            load = entry.load
-            metrics.engine_requests.labels(entry.name, "prefill").set_function(
-                lambda load=load: load.prefilling  # type: ignore[misc]
-            )
-            metrics.engine_requests.labels(entry.name, "decode").set_function(
-                lambda load=load: load.decoding  # type: ignore[misc]
-            )
+            self.watch_engine(entry)
+
+    def watch_engine(self, entry: EngineEntry) -> None:
+        """Export the engine's requests by phase (from the start, or once it is added)."""
+        load = entry.load
+        requests = self._metrics.engine_requests
+        requests.labels(entry.name, "prefill").set_function(lambda: load.prefilling)
+        requests.labels(entry.name, "decode").set_function(lambda: load.decoding)
+
+    def unwatch_engine(self, name: str) -> None:
+        """The engine left the fleet: its series go."""
+        for phase in ("prefill", "decode"):
+            self._metrics.engine_requests.remove(name, phase)
 
     def hold(self) -> None:
         """Count the request against the retention limit, or raise 429 (retention)."""
@@ -95,7 +102,7 @@ class AdmissionGate:
             await self._wait(ticket, started, deadline)
 
     async def _wait(self, ticket: Ticket, started: float, deadline: float) -> None:
-        wait_until = started + self._wait_timeout
+        wait_until = started + self.wait_timeout_s
         stage = "admission_wait" if wait_until < deadline else "deadline_before_headers"
         future = asyncio.get_running_loop().create_future()
         self._waiters[ticket] = future

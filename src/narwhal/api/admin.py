@@ -1,4 +1,5 @@
-"""Admin routes: the engine registry, drain and undrain, maintenance waves.
+"""Admin routes: the engine registry, drain and undrain, maintenance waves, and reloading
+the configuration file (`POST /admin/reload`, as SIGHUP does: `narwhal.reload`).
 
 Without `serving.admin_token` they answer only on loopback (anything else gets 403), so a
 router bound to a public address does not hand its fleet to whoever finds the port. With
@@ -22,6 +23,7 @@ from narwhal.api.responses import json_response
 from narwhal.errors import InvalidRequest, NarwhalError, RequestTooLarge
 from narwhal.operator_state import OperatorState
 from narwhal.protocol.jsonbody import decode_object
+from narwhal.reload import ReloadRefused
 
 
 class _Forbidden(NarwhalError):
@@ -48,9 +50,18 @@ class AdminRoutes:
         operator: OperatorState,
         report: Callable[[], list[dict[str, Any]]],
         admin_token: str | None,
+        reload: Callable[[], Awaitable[list[str]]] | None = None,
     ) -> None:
+        """`reload()`: re-read the configuration file and apply it; what changed, or a
+        NarwhalError saying why nothing did."""
         self._operator = operator
         self._report = report
+        self._reload = reload
+        self._token: BearerTokens | None = None
+        self.set_admin_token(admin_token)
+
+    def set_admin_token(self, admin_token: str | None) -> None:
+        """Guard the routes with `admin_token` from now on (None: loopback only)."""
         self._token = None if admin_token is None else BearerTokens([admin_token])
 
     def add_to(self, app: web.Application) -> None:
@@ -58,6 +69,8 @@ class AdminRoutes:
         app.router.add_post("/admin/engines/{name}/drain", self.drain)
         app.router.add_post("/admin/engines/{name}/undrain", self.undrain)
         app.router.add_post("/admin/maintenance", self.maintenance)
+        if self._reload is not None:
+            app.router.add_post("/admin/reload", self.reload)
 
     async def engines(self, request: web.Request) -> web.StreamResponse:
         return await self._guarded(request, self._engines)
@@ -70,6 +83,9 @@ class AdminRoutes:
 
     async def maintenance(self, request: web.Request) -> web.StreamResponse:
         return await self._guarded(request, self._maintenance)
+
+    async def reload(self, request: web.Request) -> web.StreamResponse:
+        return await self._guarded(request, self._reloaded)
 
     async def _guarded(
         self,
@@ -120,6 +136,16 @@ class AdminRoutes:
             raise InvalidRequest("'action' must be 'start' or 'end'.", param="action")
         waves = await self._operator.set_wave(wave, action == "start")
         return json_response({"active_waves": sorted(waves)})
+
+    async def _reloaded(self, request: web.Request) -> web.Response:
+        assert self._reload is not None, "the route is added only with a reload"
+        try:
+            changes = await self._reload()
+        except ReloadRefused as refused:
+            # The envelope, and the problems one by one for tools.
+            body = {**refused.envelope(), "problems": list(refused.problems)}
+            return json_response(body, status=refused.status)
+        return json_response({"reloaded": True, "changes": changes})
 
 
 def _is_loopback(remote: str | None) -> bool:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 
 from aiohttp import web
-from aiohttp.typedefs import Handler
+from aiohttp.typedefs import Handler, Middleware
 
 from narwhal.api.auth import BearerTokens
 from narwhal.api.completions import CompletionFront
@@ -44,8 +44,27 @@ async def request_id_middleware(request: web.Request, handler: Handler) -> web.S
     return response
 
 
-def continue_within(limit: int, api_keys: BearerTokens) -> Callable[[web.Request], Awaitable[None]]:
-    """An `Expect: 100-continue` handler that invites only bodies the front will read.
+def closing_connections(closing: Callable[[], bool]) -> Middleware:
+    """While `closing()` (the router is shutting down), every response not yet started says
+    `Connection: close`: a client on a kept-alive connection, which its load balancer no
+    longer governs, opens a new one for its next request, and that one goes to a router
+    still in the endpoints."""
+
+    @web.middleware
+    async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+        response = await handler(request)
+        if closing() and not response.prepared:
+            response.force_close()
+        return response
+
+    return middleware
+
+
+def continue_within(
+    limit: Callable[[], int], api_keys: BearerTokens
+) -> Callable[[web.Request], Awaitable[None]]:
+    """An `Expect: 100-continue` handler that invites only bodies the front will read
+    (`limit()`: serving.max_request_bytes as configured now).
 
     A body declared larger than the limit, or sent without a valid API key (when
     `serving.api_keys` is set), gets no "100 Continue": the completion front answers 413
@@ -54,7 +73,7 @@ def continue_within(limit: int, api_keys: BearerTokens) -> Callable[[web.Request
 
     async def expect_handler(request: web.Request) -> None:
         declared = request.content_length
-        if declared is not None and declared > limit:
+        if declared is not None and declared > limit():
             return
         if api_keys and not api_keys.admit(request.headers.get("Authorization")):
             return
@@ -66,14 +85,22 @@ def continue_within(limit: int, api_keys: BearerTokens) -> Callable[[web.Request
 
 
 def build_app(
-    front: CompletionFront, ops: OpsRoutes, max_request_bytes: int, api_keys: BearerTokens
+    front: CompletionFront,
+    ops: OpsRoutes,
+    max_request_bytes: Callable[[], int],
+    api_keys: BearerTokens,
+    closing: Callable[[], bool] = lambda: False,
 ) -> web.Application:
+    """`max_request_bytes()`: the body limit as configured now; `closing()`: whether the
+    router is shutting down."""
     # Bodies are read by the completion front under serving.max_request_bytes; aiohttp's own
     # limit applies only to request.read() (the admin routes' small bodies), and is the same
     # one, so that every 413 names the limit that refused it.
     app = web.Application(
-        client_max_size=max_request_bytes,
-        middlewares=[request_in_progress, request_id_middleware],
+        # Fixed at start-up: a reload's new limit reaches the completion routes (and the
+        # 100-continue check) only; the admin routes' small bodies keep this one.
+        client_max_size=max_request_bytes(),
+        middlewares=[request_in_progress, closing_connections(closing), request_id_middleware],
         # Bodies are read as sent: aiohttp would inflate a gzip body as it arrives, past any
         # limit (a 1 MiB bomb inflates to 1 GiB) and with a 500 for a corrupt one; the front
         # refuses a Content-Encoding with 415 instead.

@@ -23,6 +23,11 @@ class BearerTokens:
     def __init__(self, tokens: Iterable[str]) -> None:
         self._digests = tuple(_digest(token) for token in tokens)
 
+    def replace(self, tokens: Iterable[str]) -> None:
+        """Check against `tokens` from now on (a configuration reload); every holder of
+        this object sees the change at once."""
+        self._digests = tuple(_digest(token) for token in tokens)
+
     def __bool__(self) -> bool:
         """Whether any token is configured (none: nothing to check)."""
         return bool(self._digests)

@@ -5,6 +5,10 @@ one terminal outcome, counted in `finally`, whichever way the handler leaves; it
 (arrival to the end of its response) is observed there too. With `serving.api_keys` the
 key is checked first, before a byte of the body is read: a request without a valid one
 is answered 401 `invalid_api_key` and counted as `invalid`.
+
+Its access line (`access_log.py`) is written there too, and its span ended (`tracing.py`:
+started at arrival, a child of the client's valid W3C traceparent, which goes on to the
+engines; an invalid one goes nowhere).
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ import time
 
 from aiohttp import web
 
+from narwhal.api.access_log import AccessEntry, AccessLog
 from narwhal.api.auth import BearerTokens, require_api_key
 from narwhal.api.body import BodyIncomplete, BodyLate, read_limited_body
 from narwhal.api.relay import relay_stream
@@ -34,10 +39,20 @@ from narwhal.protocol.headers import (
     request_timeout,
 )
 from narwhal.protocol.requests import Route, parse_request
+from narwhal.protocol.trace_context import TRACEPARENT, TRACESTATE, TraceContext, trace_context
 from narwhal.sizing import WorkloadSizer
 from narwhal.state import RouterState
+from narwhal.tracing import PassthroughTracer, Span, Tracer
 
 log = logging.getLogger(__name__)
+SPAN_NAMES: dict[Route, str] = {
+    "chat": "POST /v1/chat/completions",
+    "completion": "POST /v1/completions",
+}
+# Outcomes that are the router's or its engines' fault: an error status on the span.
+_FAULTS: frozenset[Outcome] = frozenset(
+    {"expired", "unavailable", "upstream_error", "internal_error"}
+)
 
 
 class CompletionFront:
@@ -49,13 +64,20 @@ class CompletionFront:
         sizer: WorkloadSizer,
         state: RouterState,
         api_keys: BearerTokens,
+        tracer: Tracer | None = None,
     ) -> None:
+        self._tracer: Tracer = tracer or PassthroughTracer()
+        self._access = AccessLog(config.logging.access_log)
         self._state = state
         self._api_keys = api_keys
         self._config = config
         self._metrics = metrics
         self._service = service
         self._sizer = sizer
+
+    def reconfigure(self, config: Config) -> None:
+        """Read limits (body size, request timeout) from `config` from now on (a reload)."""
+        self._config = config
 
     async def chat(self, request: web.Request) -> web.StreamResponse:
         return await self._handle(request, "chat")
@@ -73,6 +95,9 @@ class CompletionFront:
         relaying = False  # a stream response may have started
         streaming = False  # as the body asks; a body never parsed is answered with JSON
         written: float | None = None  # a stream's last write (the engine's end may follow)
+        response: web.StreamResponse | None = None  # whose status the client got
+        context: RequestContext | None = None
+        span = self._tracer.request(SPAN_NAMES[route], _client_trace(http))
         try:
             headers = http.headers
             require_api_key(self._api_keys, headers.get("Authorization"))
@@ -97,12 +122,14 @@ class CompletionFront:
                 prompt_tokens=size.tokens,
                 authorization=http.headers.get("Authorization"),
                 prompt_size=size,
+                span=span,
             )
             sized = True
             served = await self._service.serve(parsed, context)
             if isinstance(served, Assembled):
                 outcome = "completed"
-                return json_response(served.body, request_id=request_id)
+                response = json_response(served.body, request_id=request_id)
+                return response
             relaying = True
             response, outcome, written = await self._relay(http, served)
             return response
@@ -140,17 +167,66 @@ class CompletionFront:
             # A bug, not a client or engine condition: log it, answer 500, count it once.
             outcome = "internal_error"
             log.exception("request %s failed unexpectedly", request_id)
+            internal = error_response(NarwhalError("Internal router error."), request_id)
             if relaying and http.transport is not None:
                 # Never a 500 over a stream response (prepared, its headers maybe still
                 # held for the first bytes): the client would read it as part of the
                 # stream. The connection ends here instead, so no client takes the stream
                 # for a complete one, and aiohttp writes nothing more.
                 http.transport.close()
-            return error_response(NarwhalError("Internal router error."), request_id)
+            else:
+                response = internal
+            return internal
         finally:
             metrics.count_outcome(outcome)
             ended = time.monotonic() if written is None else written
             metrics.observe_duration(route, streaming, outcome, ended - arrived)
+            status = None if response is None else response.status
+            self._ended(
+                request_id, route, streaming, status, outcome, context, span, ended - arrived
+            )
+
+    def _ended(
+        self,
+        request_id: str,
+        route: Route,
+        stream: bool,
+        status: int | None,
+        outcome: Outcome,
+        context: RequestContext | None,
+        span: Span,
+        duration: float,
+    ) -> None:
+        """The request's access line and the end of its span, with what is known of it."""
+        if not span.recording and not self._access.enabled:
+            span.end()
+            return
+        served = None if context is None else context.served
+        engines = () if context is None else context.engines
+        prompt: int | None = None
+        if served is not None:
+            prompt = served.prompt_tokens
+        elif context is not None:
+            prompt = context.prompt_tokens  # sized, never served
+        entry = AccessEntry(
+            request_id,
+            route,
+            stream,
+            status,
+            outcome,
+            engines,
+            prompt,
+            None if served is None else served.completion_tokens,
+            None if served is None else served.ttft_s,
+            duration,
+        )
+        if span.recording:
+            span.set(entry.span_attributes())
+            if outcome in _FAULTS:
+                span.fail(outcome)
+        span.end()
+        if self._access.enabled:
+            self._access.write(entry)
 
     async def _relay(
         self, http: web.Request, lease: StreamLease
@@ -160,7 +236,12 @@ class CompletionFront:
         outcome: Outcome = "client_gone"  # if this task is cancelled (the client went away)
         try:
             response, outcome = await relay_stream(
-                http, lease.stream, lease.first, lease.context.request_id, lease.deadline
+                http,
+                lease.stream,
+                lease.first,
+                lease.context.request_id,
+                lease.deadline,
+                lease.shutdown,
             )
             written = time.monotonic()
             if outcome == "completed":
@@ -168,6 +249,13 @@ class CompletionFront:
             return response, outcome, written
         finally:
             lease.finish(outcome)
+
+
+def _client_trace(http: web.Request) -> TraceContext | None:
+    """The client's W3C trace context, if it sent a valid one."""
+    headers = http.headers
+    parent = headers.getall(TRACEPARENT, ())
+    return trace_context(parent, headers.getall(TRACESTATE, ())) if parent else None
 
 
 __all__ = ["REQUEST_ID_HEADER", "CompletionFront"]

@@ -11,6 +11,11 @@ Exposure: the engine was asked for token IDs and usage whatever the client asked
 stream's `StreamForwarder` (narwhal.protocol.forward) turns the engine's bytes into the
 client's, applying the exposure rules, so the relay only moves bytes.
 
+The request's deadline ends the stream the same way (a `terminal_expiry` error event),
+and so does a shutdown's drain deadline (`narwhal.drain`), which brings every running
+stream's deadline forward to its instant: events are written whole, so the timeout falls
+between two of them, and the error event says the router is shutting down.
+
 Framing is the `StreamBody`'s (narwhal.api.stream_body, the one place that relies on
 aiohttp's internals): chunked for HTTP/1.1, raw bytes ended by closing the connection for
 HTTP/1.0.
@@ -26,6 +31,7 @@ from aiohttp import web
 
 from narwhal.api.request_id import HEADER as REQUEST_ID_HEADER
 from narwhal.api.stream_body import StreamBody
+from narwhal.drain import Drain
 from narwhal.engines.stream import EngineStream, TruncatedStream
 from narwhal.errors import NarwhalError, Outcome, TerminalExpiry
 
@@ -44,9 +50,10 @@ async def relay_stream(
     first: bytes,
     request_id: str,
     deadline: float,
+    drain: Drain | None = None,
 ) -> tuple[web.StreamResponse, Outcome]:
-    """Stream to the client until the end or `deadline` (loop time); return the response
-    and the terminal outcome.
+    """Stream to the client until the end or `deadline` (loop time), or the shutdown's
+    `drain` deadline; return the response and the terminal outcome.
 
     The first bytes go out with the headers (through aiohttp); from then on the stream
     is pushed (`_Pump`): each engine read is forwarded from the connection's callback,
@@ -55,12 +62,15 @@ async def relay_stream(
     error event.
     """
     body = StreamBody(http, {**SSE_HEADERS, REQUEST_ID_HEADER: request_id})
+    drain = drain or Drain()
     try:
         await body.start()
         try:
             # A short answer is often whole in hand already: headers, events and the end
             # then leave in one write, with no deadline timer to arm.
-            payload = first if stream.done else await _until_end(body, stream, first, deadline)
+            payload = (
+                first if stream.done else await _until_end(body, stream, first, deadline, drain)
+            )
         except NarwhalError as error:
             log.warning(
                 "request %s: the stream from engine %s failed after the response started: %s",
@@ -68,11 +78,19 @@ async def relay_stream(
                 stream.engine_name,
                 error.message,
             )
-            await _write_last(body, stream.flush() + error.sse_event(), deadline)
+            await _write_last(
+                body, stream.flush() + error.sse_event(), drain.last_write_by(deadline)
+            )
             return body.response, error.outcome
         except TimeoutError:
-            expiry = TerminalExpiry("The request deadline expired while streaming.")
-            await _write_last(body, stream.flush() + expiry.sse_event(), deadline)
+            expiry = TerminalExpiry(
+                "The router is shutting down: its drain deadline ended the stream."
+                if drain.cut_short(deadline)
+                else "The request deadline expired while streaming."
+            )
+            await _write_last(
+                body, stream.flush() + expiry.sse_event(), drain.last_write_by(deadline)
+            )
             return body.response, expiry.outcome
         except ConnectionError:
             raise  # the client is gone (below)
@@ -83,9 +101,10 @@ async def relay_stream(
                 "request %s: relaying engine %s's stream failed", request_id, stream.engine_name
             )
             bug = NarwhalError("Internal router error while relaying the stream.")
-            await _write_last(body, stream.flush() + bug.sse_event(), deadline)
+            await _write_last(body, stream.flush() + bug.sse_event(), drain.last_write_by(deadline))
             return body.response, bug.outcome
-        if not await _write_last(body, payload + stream.flush() + _DONE_EVENT, deadline):
+        last = payload + stream.flush() + _DONE_EVENT
+        if not await _write_last(body, last, drain.last_write_by(deadline)):
             return body.response, "expired"  # the client took nothing more until its deadline
     except ConnectionError:
         # The client went away while its stream was written (before the disconnect
@@ -121,11 +140,12 @@ async def _write_last(body: StreamBody, data: bytes, deadline: float) -> bool:
 
 
 async def _until_end(
-    body: StreamBody, stream: EngineStream, payload: bytes, deadline: float
+    body: StreamBody, stream: EngineStream, payload: bytes, deadline: float, drain: Drain
 ) -> bytes:
     """Relay until the engine's `[DONE]` or a clean end of its body; return the bytes
-    still to write with the end. Raises what failed the stream, or TimeoutError."""
-    async with asyncio.timeout_at(deadline):
+    still to write with the end. Raises what failed the stream, or TimeoutError (its
+    deadline, or the drain's)."""
+    async with drain.timeout_at(deadline):
         ended = False  # the body ended without [DONE] (generic servers), finished
         while not stream.done and not ended:
             if payload:

@@ -160,6 +160,18 @@ class ClientRunner(web.AppRunner):
         super().__init__(app, **kwargs)
         self._head_timeout = head_timeout
 
+    def set_head_timeout(self, seconds: float) -> None:
+        """For connections opened from now on (a reload changed serving.request_timeout_s)."""
+        self._head_timeout = seconds
+        server = self.server
+        if isinstance(server, _Server):
+            server._head_timeout = seconds
+
+    def set_shutdown_timeout(self, seconds: float) -> None:
+        """How long `cleanup()` waits for requests in progress before it cancels them
+        (aiohttp's own setting, read when the shutdown starts)."""
+        self._shutdown_timeout = seconds
+
     async def _make_server(self) -> web.Server:
         server = await super()._make_server()  # starts the application, as before
         return _Server(

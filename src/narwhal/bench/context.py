@@ -20,7 +20,7 @@ TITLE_URLS = 2  # URLs named in a plot's title; the rest are counted
 
 def narwhal_version() -> str | None:
     try:
-        return metadata.version("narwhal")
+        return metadata.version("narwhal-router")  # the distribution's name, not the package's
     except metadata.PackageNotFoundError:
         return None
 

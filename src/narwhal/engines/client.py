@@ -14,6 +14,8 @@ marked retryable when another placement could succeed:
 Every request carries the engine's own key (`engines[].api_key`) as `Authorization:
 Bearer`. The client's Authorization header goes instead only where forwarding is on
 (`fleet.forward_client_authorization`, per engine): a router key is no engine's business.
+Each also carries the W3C trace context it is made under (`tracing.py`): the client's
+checked traceparent and tracestate, or the router's own span.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from narwhal.errors import InvalidRequest, UpstreamError
 from narwhal.protocol.dialects import capabilities
 from narwhal.protocol.events import EngineOutputError, engine_error
 from narwhal.protocol.requests import Route
+from narwhal.protocol.trace_context import TRACEPARENT, TRACESTATE, TraceContext
 
 PATHS: dict[Route, str] = {"chat": "/v1/chat/completions", "completion": "/v1/completions"}
 _MAX_ERROR_BODY = 64 * 1024
@@ -67,12 +70,13 @@ class EngineClient:
         *,
         request_id: str,
         client_authorization: str | None = None,
+        trace: TraceContext | None = None,
     ) -> dict[str, Any]:
         """POST a non-streaming request; its JSON object answer, or a mapped error.
         `client_authorization`: the client's Authorization header (sent only when this
-        engine forwards it)."""
+        engine forwards it); `trace`: the W3C trace context the request carries."""
         authorization, hint = self._credentials(client_authorization)
-        response = await self._post(route, body, request_id, authorization)
+        response = await self._post(route, body, request_id, authorization, trace)
         try:
             if response.status != 200:
                 raise await self._status_error(response, hint)
@@ -100,10 +104,11 @@ class EngineClient:
         *,
         request_id: str,
         client_authorization: str | None = None,
+        trace: TraceContext | None = None,
     ) -> UpstreamResponse:
         """POST the body; the response once its status is 200, else a mapped error."""
         authorization, hint = self._credentials(client_authorization)
-        response = await self._post(route, body, request_id, authorization)
+        response = await self._post(route, body, request_id, authorization, trace)
         if response.status == 200:
             self._refusals = 0
             if response.headers.get("content-type", "").startswith("application/json"):
@@ -140,10 +145,15 @@ class EngineClient:
         body: dict[str, Any],
         request_id: str,
         authorization: str | None,
+        trace: TraceContext | None,
     ) -> UpstreamResponse:
         headers = {"Content-Type": "application/json", "X-Request-Id": request_id}
         if authorization:
             headers["Authorization"] = authorization
+        if trace is not None:
+            headers[TRACEPARENT] = trace.traceparent
+            if trace.tracestate is not None:
+                headers[TRACESTATE] = trace.tracestate
         try:
             return await self._pool.request(
                 self._base, "POST", PATHS[route], headers, _encoder.encode(body)

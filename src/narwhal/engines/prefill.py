@@ -3,7 +3,8 @@
 As vLLM's toy proxy does it: the prefill engine gets the client's body with
 `kv_transfer_params` asking for a remote decode, `stream: false` and one output token;
 its answer's top-level `kv_transfer_params` go to the decode engine unchanged (opaque).
-Both halves carry the same X-Request-Id.
+Both halves carry the same X-Request-Id, and each its W3C trace context (the client's, or
+the router's span of that half).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from typing import Any
 
 from narwhal.engines.client import EngineClient, EngineUnavailable
 from narwhal.protocol.requests import CompletionRequest
+from narwhal.protocol.trace_context import TraceContext
 
 REMOTE_DECODE = {
     "do_remote_decode": True,
@@ -43,6 +45,7 @@ async def run_prefill(
     *,
     request_id: str,
     client_authorization: str | None,
+    trace: TraceContext | None = None,
 ) -> dict[str, Any]:
     """Run the prefill; the transfer parameters for the decode engine."""
     answer = await client.post_json(
@@ -50,6 +53,7 @@ async def run_prefill(
         prefill_body(request),
         request_id=request_id,
         client_authorization=client_authorization,
+        trace=trace,
     )
     params = answer.get("kv_transfer_params")
     if not isinstance(params, dict):

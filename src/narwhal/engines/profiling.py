@@ -116,6 +116,14 @@ class Profiler:
         await asyncio.gather(*tasks, return_exceptions=True)
         self._runs.clear()
 
+    def forget(self, name: str) -> None:
+        """The engine left the fleet (a reload): stop any run there, forget its retries."""
+        run = self._runs.pop(name, None)
+        if run is not None:
+            run.cancel()
+        for state in (self._retry_at, self._failures, self._was_up):
+            state.pop(name, None)
+
     async def _watch(self) -> None:
         while True:
             await asyncio.sleep(_TICK_S)
@@ -128,7 +136,7 @@ class Profiler:
         now = time.monotonic()
         for name, entry in self._registry.entries.items():
             model = entry.model
-            if model is None or name in self._runs:
+            if model is None or name in self._runs or entry.retiring:
                 continue
             health = entry.health
             up = health is not None and health.healthy
@@ -182,7 +190,9 @@ class Profiler:
             self._failed(entry, model, reprofile, f"internal error: {error!r}")
             return
         finally:
-            self._runs.pop(name, None)
+            # Only its own: a run cancelled by `forget` may end after the next one began.
+            if self._runs.get(name) is asyncio.current_task():
+                del self._runs[name]
         was_profiled = model.profiled
         model.install(profile)
         self._failures.pop(name, None)

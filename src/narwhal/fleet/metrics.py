@@ -29,6 +29,8 @@ class FleetMetrics:
         states: Mapping[str, EngineHealth],
         clock: Callable[[], float],
     ) -> None:
+        """`states`: every engine's live health, read at each scrape (the monitor's own
+        mapping, which follows engines added and removed)."""
         self._registry = registry
         self.probe_failures = Counter(
             "narwhal_engine_probe_failures",
@@ -47,6 +49,17 @@ class FleetMetrics:
 
     def count_failure(self, engine: str, probe: str) -> None:
         self._failures[engine, probe].inc()
+
+    def add(self, engine: str) -> None:
+        """Series for an engine added while running (its gauges follow `states`)."""
+        for probe in PROBES:
+            self._failures[engine, probe] = self.probe_failures.labels(engine, probe)
+
+    def remove(self, engine: str) -> None:
+        """An engine removed from the fleet: its series go."""
+        for probe in PROBES:
+            if self._failures.pop((engine, probe), None) is not None:
+                self.probe_failures.remove(engine, probe)
 
     def unregister(self) -> None:
         """Take the fleet's series off the registry, so a new monitor can register."""

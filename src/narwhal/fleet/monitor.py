@@ -13,8 +13,13 @@ so requests waiting for an engine can be placed again. Staleness of a broken
 metrics endpoint is re-evaluated at the end of each round, so it is noticed at most one
 round (interval + probe timeout) after the deadline passes.
 
-Nothing here may end a probe task except `close()`: probe errors are outcomes, and any
-other exception is logged and the loop carries on.
+A configuration reload changes the fleet while it runs: `add` starts probing a new engine
+(its first round at once; like every engine it is not placeable before a round has
+passed), `remove` stops, `update` takes an engine's new key, `reconfigure` the new probe
+settings.
+
+Nothing here may end a probe task except `close()` and `remove()`: probe errors are
+outcomes, and any other exception is logged and the loop carries on.
 """
 
 from __future__ import annotations
@@ -60,6 +65,11 @@ class _Engine:
     __slots__ = ("base_url", "capabilities", "config", "headers", "placeable", "state")
 
     def __init__(self, config: EngineConfig, state: EngineHealth) -> None:
+        self.configure(config)
+        self.state = state
+        self.placeable = state.placeable  # as last announced to subscribers
+
+    def configure(self, config: EngineConfig) -> None:
         self.config = config
         self.capabilities = capabilities(config.dialect)
         self.base_url = config.url.rstrip("/")
@@ -67,8 +77,6 @@ class _Engine:
         # is its business (vLLM guards /v1 only, SGLang all but /health and /metrics).
         auth = config.authorization
         self.headers: dict[str, str] = {} if auth is None else {"Authorization": auth}
-        self.state = state
-        self.placeable = state.placeable  # as last announced to subscribers
 
     def scrapes_metrics(self) -> bool:
         return not self.capabilities.metrics_optional or self.state.metrics_supported is not False
@@ -93,19 +101,21 @@ class FleetMonitor:
         self._rng = rng if rng is not None else random.Random()
         self._timeout = aiohttp.ClientTimeout(total=fleet.probe_timeout_s)
         self._engines: dict[str, _Engine] = {}
+        self._states: dict[str, EngineHealth] = {}  # the metrics' live view of the fleet
         for config in engines:
             if config.name in self._engines:
                 raise ValueError(f"duplicate engine name {config.name!r}")
-            state = EngineHealth(stale_after_s=fleet.stale_after_s)
-            self._engines[config.name] = _Engine(config, state)
-        self._metrics = FleetMetrics(
-            registry, {name: e.state for name, e in self._engines.items()}, time.monotonic
-        )
+            self._engines[config.name] = self._engine(config)
+        self._metrics = FleetMetrics(registry, self._states, time.monotonic)
         self._subscribers: list[Callable[[], None]] = []
         self._degraded = False  # monitoring_degraded() as last announced
-        self._tasks: list[asyncio.Task[None]] = []
+        self._tasks: dict[str, asyncio.Task[None]] = {}
         self._started = False
         self._closed = False
+
+    def _engine(self, config: EngineConfig) -> _Engine:
+        state = self._states[config.name] = EngineHealth(stale_after_s=self._fleet.stale_after_s)
+        return _Engine(config, state)
 
     async def start(self) -> None:
         """Check every engine once (concurrently), then keep checking in the background."""
@@ -117,18 +127,52 @@ class FleetMonitor:
         if self._closed:  # close() ran while the first round was in flight
             return
         for name, engine in self._engines.items():
-            task = asyncio.create_task(self._run(engine, started_at), name=f"fleet-probe-{name}")
-            self._tasks.append(task)
+            self._tasks[name] = asyncio.create_task(
+                self._run(engine, started_at), name=f"fleet-probe-{name}"
+            )
 
     async def close(self) -> None:
         """Stop every probe task and wait for it; take the fleet's series off the registry."""
         if not self._closed:
             self._closed = True
             self._metrics.unregister()
-        tasks, self._tasks = self._tasks, []
+        tasks, self._tasks = list(self._tasks.values()), {}
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+
+    def add(self, config: EngineConfig) -> EngineHealth:
+        """Monitor one more engine (a reload): its first round starts now; its state."""
+        if config.name in self._engines:
+            raise ValueError(f"duplicate engine name {config.name!r}")
+        engine = self._engines[config.name] = self._engine(config)
+        self._metrics.add(config.name)
+        if self._started and not self._closed:
+            self._tasks[config.name] = asyncio.create_task(
+                self._first_round_then_run(engine), name=f"fleet-probe-{config.name}"
+            )
+        return engine.state
+
+    def remove(self, name: str) -> None:
+        """Stop monitoring an engine (its probe task is cancelled, not awaited)."""
+        task = self._tasks.pop(name, None)
+        if task is not None:
+            task.cancel()
+        if self._engines.pop(name, None) is not None:
+            del self._states[name]
+            self._metrics.remove(name)
+
+    def update(self, config: EngineConfig) -> None:
+        """The engine's configuration changed in place (its key, its wave, its limits; a
+        new URL or dialect is another engine: `remove`, then `add`)."""
+        self._engines[config.name].configure(config)
+
+    def reconfigure(self, fleet: FleetConfig) -> None:
+        """Probe by `fleet`'s interval, timeout and staleness from the next round on."""
+        self._fleet = fleet
+        self._timeout = aiohttp.ClientTimeout(total=fleet.probe_timeout_s)
+        for engine in self._engines.values():
+            engine.state.stale_after_s = fleet.stale_after_s
 
     def health(self, name: str) -> EngineHealth:
         """The engine's live state (KeyError for an unknown name). Do not modify it."""
@@ -169,6 +213,11 @@ class FleetMonitor:
         }
 
     # --- the probe loop ----------------------------------------------------------------
+
+    async def _first_round_then_run(self, engine: _Engine) -> None:
+        started_at = time.monotonic()
+        await self._guarded_round(engine)
+        await self._run(engine, started_at)
 
     async def _run(self, engine: _Engine, last_round_at: float) -> None:
         while True:

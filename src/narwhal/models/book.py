@@ -66,6 +66,16 @@ class ModelBook:
     def model(self, name: str) -> EngineModel:
         return self.engines[name]
 
+    def add(self, name: str, *, step_budget: int, max_sequences: int) -> EngineModel:
+        """A model for an engine added while running (a reload): unprofiled."""
+        model = self.engines[name] = EngineModel(
+            name, step_budget=step_budget, max_sequences=max_sequences, lengths=self.lengths
+        )
+        return model
+
+    def remove(self, name: str) -> None:
+        self.engines.pop(name, None)
+
     def ttft_measured(self, projected: float, measured: float) -> None:
         """A projection (raw seconds) and the TTFT it turned into (seconds, same origin)."""
         if not (math.isfinite(projected) and math.isfinite(measured)):

@@ -94,7 +94,7 @@ class ProjectingScorer:
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._book = book
-        self._tpot_target = tpot_target_s
+        self.tpot_target_s = tpot_target_s  # a reload may change it
         self._prefix = prefix
         self._clock = clock
 
@@ -131,7 +131,7 @@ class ProjectingScorer:
         return cost * model.penalty
 
     def _tpot_penalty(self, entry: EngineEntry, model: EngineModel, now: float) -> float:
-        target = self._tpot_target
+        target = self.tpot_target_s
         if target is None:
             return 1.0
         over = model.tpot(decoding_on(entry) + 1.0, now) / target

@@ -89,6 +89,13 @@ class PrefixCache:
             PrefixAccuracy(self._policy),
         )
 
+    def add(self, name: str) -> None:
+        """An engine added while running (a reload): an empty index."""
+        self.engines[name] = self._fresh()
+
+    def remove(self, name: str) -> None:
+        self.engines.pop(name, None)
+
     def blocks_of(self, request: CompletionRequest) -> PromptBlocks:
         return PromptBlocks.of(prompt_text(request), self.block_chars)
 

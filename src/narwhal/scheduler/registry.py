@@ -12,6 +12,12 @@ the router adds (predictive admission: profiled), not drained, not in an active
 maintenance wave, and of a role that serves the phase. Drain and maintenance are
 operator decisions made at run time through the admin routes; neither touches work
 already placed.
+
+A configuration reload adds engines (`add`) and removes them: a removed engine is first
+`retire`d (state `removing`: out of placement at once, its requests in flight finish
+there), then taken out of the registry (`remove`) once nothing runs there. A request in
+flight holds its engines' entries, so it finishes and releases on them whatever the
+registry holds by then.
 """
 
 from __future__ import annotations
@@ -36,6 +42,7 @@ class EngineEntry:
     health: EngineHealth | None = None  # the fleet monitor's live state; read, never written
     model: EngineModel | None = None  # performance model (predictive admission), the book's
     drained: bool = False
+    retiring: bool = False  # removed from the configuration; its requests still finish
 
     @property
     def name(self) -> str:
@@ -77,6 +84,24 @@ class EngineRegistry:
         """Eligibility may have changed (health, drain, maintenance): recompute when asked."""
         self._candidates = {}
 
+    def add(self, entry: EngineEntry) -> None:
+        """A new engine (a reload): placeable once every predicate says so."""
+        self.entries[entry.name] = entry
+        self.invalidate()
+
+    def retire(self, name: str) -> EngineEntry | None:
+        """Take the engine out of placement for good; it stays listed until `remove`."""
+        entry = self.entries.get(name)
+        if entry is not None:
+            entry.retiring = True
+            self.invalidate()
+        return entry
+
+    def remove(self, name: str) -> EngineEntry | None:
+        entry = self.entries.pop(name, None)
+        self.invalidate()
+        return entry
+
     def set_drained(self, name: str, drained: bool) -> bool:
         entry = self.entries.get(name)
         if entry is None:
@@ -93,7 +118,9 @@ class EngineRegistry:
         self.invalidate()
 
     def state(self, entry: EngineEntry) -> str:
-        """A word for operators: up, down, drained, maintenance or unprofiled."""
+        """A word for operators: up, down, drained, maintenance, unprofiled or removing."""
+        if entry.retiring:
+            return "removing"
         if entry.config.wave is not None and entry.config.wave in self.active_waves:
             return "maintenance"
         if entry.drained:
@@ -115,5 +142,6 @@ class EngineRegistry:
         return cached
 
     def whole_fleet_in_maintenance(self) -> bool:
-        waves = {e.config.wave for e in self.entries.values()}
-        return bool(self.entries) and None not in waves and waves <= self.active_waves
+        engines = [e for e in self.entries.values() if not e.retiring]
+        waves = {e.config.wave for e in engines}
+        return bool(engines) and None not in waves and waves <= self.active_waves

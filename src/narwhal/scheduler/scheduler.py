@@ -42,6 +42,13 @@ class Plan:
         """The engine that works on the request first (its prefill)."""
         return self.prefill or self.decode
 
+    @property
+    def engine_names(self) -> tuple[str, ...]:
+        """The engines it runs on, the prefill half first."""
+        if self.prefill is None:
+            return (self.decode.name,)
+        return (self.prefill.name, self.decode.name)
+
     def describe(self) -> str:
         """For logs: "engine d0", or "prefill p0, decode d0"."""
         if self.prefill is None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import time
 import uuid
 from dataclasses import dataclass
@@ -88,6 +89,8 @@ class CompletionRoutes:
         options = runtime.options
         if options.arrival_log:
             _log_arrival(options.arrival_log, request.headers.get("X-Request-Id", "-"))
+        if options.trace_log:
+            _log_trace(options.trace_log, request)
         body = decode_body(await request.read(), chat, openai_schema=options.dialect == "openai")
         parsed = interpret(body, TOKENIZER)
         if body.model is not None and body.model != options.model:
@@ -310,3 +313,16 @@ def _drop_connection(request: web.Request) -> None:
 def _log_arrival(path: str, request_id: str) -> None:
     with open(path, "a", encoding="utf-8") as log:
         log.write(f"{time.monotonic():.6f} {request_id}\n")
+
+
+def _log_trace(path: str, request: web.Request) -> None:
+    """What a router passed on of the W3C trace context (vLLM records spans under it)."""
+    headers = request.headers
+    line = {
+        "path": request.path,
+        "request_id": headers.get("X-Request-Id"),
+        "traceparent": headers.getall("traceparent", []),
+        "tracestate": headers.getall("tracestate", []),
+    }
+    with open(path, "a", encoding="utf-8") as log:
+        log.write(json.dumps(line) + "\n")

@@ -154,6 +154,13 @@ class SimOptions:
             "(comparable across processes) and its X-Request-Id (for tests of who sent what)"
         ),
     )
+    trace_log: str | None = field(
+        default=None,
+        metadata=_help(
+            "append a JSON line per completion request received: its path, X-Request-Id and "
+            "the traceparent and tracestate values it carried (lists, empty when absent)"
+        ),
+    )
     api_key: str | None = field(
         default=None,
         metadata=_help(
