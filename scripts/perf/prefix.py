@@ -399,6 +399,45 @@ def verdict(results: list[Result]) -> list[str]:
     return lines
 
 
+def plot(results: list[Result], path: Path, revision: str) -> None:
+    """Hit ratio, TTFT p99 and goodput per placement, one group of bars per load."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    runs = [r for r in results if r.caching]
+    levels = sorted({r.level for r in runs})
+    targets = list(dict.fromkeys(r.target for r in runs))
+    panels = (
+        ("prefix-cache hit ratio (%)", lambda r: 100 * r.hit_ratio),
+        ("TTFT p99 (ms)", lambda r: 1e3 * r.summary["ttft_s"]["p99"]),
+        ("goodput (req/s, TTFT <= SLO)", lambda r: r.summary["goodput_per_s"]),
+    )
+    figure, axes = plt.subplots(1, len(panels), figsize=(15, 4.5))
+    width = 0.8 / max(1, len(targets))
+    for axis, (title, value) in zip(axes, panels, strict=True):
+        for i, target in enumerate(targets):
+            xs, ys = [], []
+            for j, level in enumerate(levels):
+                run = next((r for r in runs if r.target == target and r.level == level), None)
+                if run is not None:
+                    xs.append(j + i * width)
+                    ys.append(value(run))
+            axis.bar(xs, ys, width, label=target)
+        axis.set_xticks([j + 0.4 - width / 2 for j in range(len(levels))])
+        axis.set_xticklabels([f"{level:.0%} of capacity" for level in levels])
+        axis.set_title(title, fontsize=10)
+    axes[0].legend(fontsize=7, loc="lower left")
+    figure.suptitle(
+        f"{ENGINES} prefix-caching sims, multi-turn conversations, open loop (narwhal {revision})",
+        fontsize=10,
+    )
+    figure.tight_layout()
+    figure.savefig(path, dpi=90)
+    log(f"plot written to {path}")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--levels", default="0.5,0.9", help="shares of the fleet's capacity")
@@ -415,10 +454,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="25 s runs, Narwhal's policies only")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", metavar="OUT")
+    parser.add_argument("--plot", metavar="PNG", help="bar charts of the table (matplotlib)")
+    parser.add_argument("--from-json", metavar="IN", help="report (and plot) a saved run")
     parser.add_argument("--keep-logs", action="store_true")
     args = parser.parse_args(argv)
     if args.quick:
         args.seconds = 25.0
+    if args.from_json:
+        saved = json.loads(Path(args.from_json).read_text())
+        results = [_result(r) for r in saved["results"]]
+        report(results, args, saved["capacity"], saved["revision"])
+        if args.plot:
+            plot(results, Path(args.plot), saved["revision"])
+        return 0
     targets = [f"{p}/{a}" for p, a in NARWHAL_POLICIES] + ([] if args.quick else list(PEERS))
     if args.targets:
         targets = args.targets.split(",")
@@ -437,6 +485,32 @@ def main(argv: Sequence[str] | None = None) -> int:
                 result = run(procs, target, 0.9, 0.9 * fleet, args, caching=False)
                 if result is not None:
                     results.append(result)
+    report(results, args, fleet, revision)
+    harness.write_json(
+        args.json,
+        {"revision": revision, "capacity": fleet, "results": [r.to_json() for r in results]},
+    )
+    if args.plot:
+        plot(results, Path(args.plot), revision)
+    return 0
+
+
+def _result(saved: dict[str, Any]) -> Result:
+    return Result(
+        target=saved["target"],
+        level=saved["level"],
+        rate=saved["rate"],
+        caching=saved["caching"],
+        summary=saved["summary"],
+        hits=saved["hits"],
+        queries=saved["queries"],
+        engine_requests=saved["engine_requests"],
+        outcomes=saved["outcomes"],
+        other_cores=saved["other_cores"],
+    )
+
+
+def report(results: list[Result], args: argparse.Namespace, fleet: float, revision: str) -> None:
     print(
         f"\n## Prefix-cache-aware placement: {ENGINES} sims (time-scale 1, prefix caching in "
         f"{BLOCK_TOKENS}-token blocks, {args.kv_tokens} KV tokens each, prefill "
@@ -456,11 +530,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     print()
     for line in verdict(results):
         print(line)
-    harness.write_json(
-        args.json,
-        {"revision": revision, "capacity": fleet, "results": [r.to_json() for r in results]},
-    )
-    return 0
 
 
 if __name__ == "__main__":
