@@ -85,6 +85,31 @@ def test_every_block_names_its_language_and_what_the_test_does_with_it() -> None
     assert not problems, "\n".join(problems)
 
 
+_INDENTED_COMMAND = re.compile(
+    r"^ {4,}(\$ )?(narwhal|python3?|pip|curl|vllm|etcd|kubectl|docker|buildah)\b"
+)
+
+
+def test_no_command_hides_in_an_indented_block() -> None:
+    # Markdown's indented code blocks have no info string, so a command in one would
+    # escape the markers: a blank line, then a command indented by four spaces or more.
+    problems = []
+    for path in DOCUMENTS:
+        lines = path.read_text(encoding="utf-8").splitlines()
+        in_fence = False
+        for number, line in enumerate(lines, 1):
+            if line.strip().startswith("```"):
+                in_fence = not in_fence
+            elif (
+                not in_fence
+                and number > 1
+                and not lines[number - 2].strip()
+                and _INDENTED_COMMAND.match(line)
+            ):
+                problems.append(f"{path.name}:{number}: put it in a marked fenced block")
+    assert not problems, "\n".join(problems)
+
+
 def test_the_documents_have_runnable_snippets_to_test() -> None:
     # The other tests are parametrized over the marked blocks: with none found (a parser
     # broken by an edit) they would all vanish and pass.
