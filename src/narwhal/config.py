@@ -195,8 +195,8 @@ class LoggingConfig(Struct, frozen=True, forbid_unknown_fields=True, kw_only=Tru
 
 
 class TracingConfig(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
-    """The router's own OpenTelemetry spans (`otel.py`, the `narwhal[otel]` extra). A
-    client's valid W3C traceparent goes to the engines whether or not this is set."""
+    """The router's own OpenTelemetry spans (`otel.py`; `pip install '.[otel]'`). A client's
+    valid W3C traceparent goes to the engines whether or not this is set."""
 
     # An OTLP/HTTP collector: its traces URL (http://host:4318/v1/traces), or its base URL
     # (http://host:4318), to which /v1/traces is added. Null: the router records no spans.

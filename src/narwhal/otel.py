@@ -1,4 +1,4 @@
-"""The router's own spans, recorded with the OpenTelemetry SDK (the `narwhal[otel]` extra).
+"""The router's own spans, recorded with the OpenTelemetry SDK (`pip install '.[otel]'`).
 
 Imported only when `tracing.otlp_endpoint` is set (`tracing.build_tracer`), so the router
 never loads OpenTelemetry otherwise. The tracer provider is the router's own, not the
