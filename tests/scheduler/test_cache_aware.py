@@ -28,8 +28,15 @@ SYSTEM = "You are a careful assistant. " * 1100  # 31,900 characters
 TOKENS = 8000  # the prompt's size, as sizing gave it (about 4 characters a token)
 
 
-def registry_of(n: int = 2) -> tuple[EngineRegistry, ModelBook]:
-    engines = [EngineConfig(name=f"e{i}", url=f"http://127.0.0.1/{i}") for i in range(n)]
+def registry_of(
+    n: int = 2, roles: tuple[tuple[str, str], ...] = ()
+) -> tuple[EngineRegistry, ModelBook]:
+    """Engines e0..e(n-1), role both (or `roles`: (name, role) pairs), all profiled alike."""
+    named = roles or tuple((f"e{i}", "both") for i in range(n))
+    engines = [
+        EngineConfig(name=name, url=f"http://127.0.0.1/{name}", role=role)  # type: ignore[arg-type]
+        for name, role in named
+    ]
     registry = EngineRegistry(engines)
     book = ModelBook(registry.entries, ttft_budget_s=2.0)
     probes = [ProbeSample(p, A + B * p / 1000, 0.006) for p in (64, 512, 2048)]
@@ -270,16 +277,8 @@ def test_an_engine_that_does_not_cache_prefixes_is_priced_for_the_whole_prompt()
 
 
 def test_for_a_prefill_decode_pair_the_prefill_engine_cache_counts() -> None:
-    engines = [
-        EngineConfig(name=name, url=f"http://127.0.0.1/{name}", role=role)  # type: ignore[arg-type]
-        for name, role in (("p0", "prefill"), ("p1", "prefill"), ("d0", "decode"))
-    ]
-    registry = EngineRegistry(engines)
-    book = ModelBook(registry.entries, ttft_budget_s=2.0)
-    probes = [ProbeSample(p, A + B * p / 1000, 0.006) for p in (64, 512, 2048)]
-    for name, entry in registry.entries.items():
-        entry.model = book.model(name)
-        entry.model.install(fit_profile(probes, source="token_ids", wall=0, now=0))
+    roles = (("p0", "prefill"), ("p1", "prefill"), ("d0", "decode"))
+    registry, book = registry_of(roles=roles)
     prefix = cache_of(registry)
     scheduler = Scheduler(registry, ProjectingScorer(book, prefix=prefix), prefix=prefix)
     warm(prefix, registry, "p1", FIRST_TURN)
