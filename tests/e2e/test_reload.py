@@ -17,24 +17,9 @@ from typing import Any
 
 import aiohttp
 
-from tests.e2e.conftest import MODEL, Reply, Start, chat, metrics_of, send, settle, sim_process
+from tests.e2e.conftest import Reply, Start, chat, metrics_of, send, settle, sim_process
+from tests.e2e.test_fleet import config_for, engine
 from tests.processes import NarwhalProcess, router_process, write_router_config
-
-
-def engine(name: str, proc: NarwhalProcess, **extra: Any) -> dict[str, Any]:
-    return {"name": name, "url": proc.url, "role": "both", **extra}
-
-
-def config_for(engines: list[dict[str, Any]], **sections: Any) -> dict[str, Any]:
-    config: dict[str, Any] = {
-        "model": MODEL,
-        "engines": engines,
-        "admission": {"mode": "open"},
-        "fleet": {"probe_interval_s": 0.1, "stale_after_s": 1.0, "probe_timeout_s": 0.5},
-    }
-    for key, value in sections.items():
-        config[key] = {**config.get(key, {}), **value}
-    return config
 
 
 async def admin(

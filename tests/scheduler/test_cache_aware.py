@@ -11,6 +11,7 @@ import pytest
 
 from narwhal.admission.predictive import PredictiveCheck
 from narwhal.config import EngineConfig
+from narwhal.errors import PromptExceedsTtftBudget
 from narwhal.fleet.scrape import EngineScrape
 from narwhal.fleet.state import EngineHealth
 from narwhal.models.book import ModelBook
@@ -19,7 +20,7 @@ from narwhal.protocol.requests import parse_request
 from narwhal.scheduler.placement import InFlightScorer, PlacementRequest
 from narwhal.scheduler.predictive import ProjectingScorer
 from narwhal.scheduler.prefix_cache import PrefixCache
-from narwhal.scheduler.registry import EngineRegistry
+from narwhal.scheduler.registry import EngineEntry, EngineRegistry
 from narwhal.scheduler.scheduler import Scheduler
 
 # Every engine: 10 ms + 50 ms per 1,000 prompt tokens, alone.
@@ -62,6 +63,14 @@ def backlog(registry: EngineRegistry, name: str, seconds: float) -> None:
     assert model is not None
     alone = model.solo
     model.ttft = lambda tokens, *_: seconds + alone(tokens)  # type: ignore[method-assign]
+
+
+def up(registry: EngineRegistry, name: str) -> EngineEntry:
+    """The engine, monitored and up."""
+    entry = registry.entries[name]
+    entry.health = EngineHealth(stale_after_s=5.0)
+    entry.health.status = "up"
+    return entry
 
 
 def cache_of(registry: EngineRegistry) -> PrefixCache:
@@ -153,10 +162,10 @@ def test_the_check_admits_a_long_prompt_that_only_a_cached_engine_can_serve_in_t
     cold = PredictiveCheck(registry, book, ttft_budget_s=1.0)
     warm_check = PredictiveCheck(registry, book, ttft_budget_s=1.0, prefix=prefix)
     request = placement(prefix, second, tokens)
-    with pytest.raises(Exception, match="prompt alone"):
+    with pytest.raises(PromptExceedsTtftBudget, match="prompt alone"):
         warm_check.check(request, arrived=0.0, now=0.0, queued=0)
     prefix.placed(registry.entries["e1"], placement(prefix, first, tokens - 10), 0)
-    with pytest.raises(Exception, match="prompt alone"):
+    with pytest.raises(PromptExceedsTtftBudget, match="prompt alone"):
         cold.check(request, arrived=0.0, now=0.0, queued=0)
     projection = warm_check.check(request, arrived=0.0, now=0.0, queued=0)
     assert projection is not None and projection.raw < 0.05
@@ -183,9 +192,7 @@ def test_without_models_a_cached_prefix_counts_as_prefill_work_spared() -> None:
 def test_an_engine_seen_down_comes_back_with_an_empty_index() -> None:
     registry, _ = registry_of()
     prefix = cache_of(registry)
-    entry = registry.entries["e0"]
-    entry.health = EngineHealth(stale_after_s=5.0)
-    entry.health.status = "up"
+    entry = up(registry, "e0")
     warm(prefix, registry, "e0", FIRST_TURN)
     assert prefix.cached_tokens(entry, placement(prefix, SECOND_TURN)) > 0
     entry.health.status = "down"
@@ -206,9 +213,7 @@ def scraped(entry_health: EngineHealth, hits: float, queries: float, blocks: int
 def test_the_index_follows_the_engine_kv_cache_and_forgets_a_restarted_engine() -> None:
     registry, _ = registry_of()
     prefix = cache_of(registry)
-    entry = registry.entries["e0"]
-    entry.health = EngineHealth(stale_after_s=5.0)
-    entry.health.status = "up"
+    entry = up(registry, "e0")
     # 2,048 blocks of 16 tokens, at 4 characters a token: 2,048 index blocks of 64.
     scraped(entry.health, hits=0, queries=0, blocks=2048)
     prefix.follow(entry)
@@ -233,9 +238,7 @@ def test_the_index_follows_the_engine_kv_cache_and_forgets_a_restarted_engine() 
 def test_memory_is_bounded_by_the_configured_cap_whatever_the_engine_reports() -> None:
     registry, _ = registry_of()
     prefix = PrefixCache(list(registry.entries), block_chars=64, max_blocks=100)
-    entry = registry.entries["e0"]
-    entry.health = EngineHealth(stale_after_s=5.0)
-    entry.health.status = "up"
+    entry = up(registry, "e0")
     scraped(entry.health, hits=0, queries=0, blocks=10**9)
     for topic in range(20):
         body = chat(("system", f"Topic {topic}. " * 500), ("user", "?"))
@@ -263,9 +266,7 @@ def test_a_busier_decode_batch_does_not_pull_a_conversation_off_its_history() ->
 def test_an_engine_that_does_not_cache_prefixes_is_priced_for_the_whole_prompt() -> None:
     registry, _ = registry_of()
     prefix = cache_of(registry)
-    entry = registry.entries["e0"]
-    entry.health = EngineHealth(stale_after_s=5.0)
-    entry.health.status = "up"
+    entry = up(registry, "e0")
     warm(prefix, registry, "e0", FIRST_TURN)
     assert prefix.cached_tokens(entry, placement(prefix, SECOND_TURN)) > 0
     entry.health.record_scrape(

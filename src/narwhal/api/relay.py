@@ -50,7 +50,7 @@ async def relay_stream(
     first: bytes,
     request_id: str,
     deadline: float,
-    drain: Drain | None = None,
+    drain: Drain,
 ) -> tuple[web.StreamResponse, Outcome]:
     """Stream to the client until the end or `deadline` (loop time), or the shutdown's
     `drain` deadline; return the response and the terminal outcome.
@@ -62,7 +62,6 @@ async def relay_stream(
     error event.
     """
     body = StreamBody(http, {**SSE_HEADERS, REQUEST_ID_HEADER: request_id})
-    drain = drain or Drain()
     try:
         await body.start()
         try:
