@@ -20,12 +20,22 @@ budget, goodput (requests per second completed within the budget), TTFT p50/p99 
 admitted, refusal latency, and for predictive the projection error (|expected -
 measured| / measured, from the router's narwhal_ttft_prediction_error_ratio histogram).
 
+`--discipline` gives the sims another scheduler (`narwhal sim --prefill-discipline`:
+one prompt at a time, SGLang's prefill-first batches, one request at a time), to see
+the admission model on behaviour it was not designed against; the fleet's capacity is
+then measured (closed-loop load straight on the sims: `--capacity measured`, which
+chunked sims can use too) instead of computed from the chunked model. `--step` adds,
+per policy, the onset of overload: 0.2x for 10 s, then 3x in one step, reported per
+phase, with the share of the requests admitted in the overload's first 10 s that met
+the budget.
+
 Then two runs of predictive admission alone: a heterogeneous fleet (one engine half as
 fast), and a drift run on a disaggregated fleet (one decode engine's TPOT doubles
 midway: its drift score, its re-profile and where new decode work goes).
 
     python scripts/perf/admission.py [--requests 600] [--budget 2] [--json OUT] [--plot DIR]
     python scripts/perf/admission.py --quick        # fewer requests, fewer levels
+    python scripts/perf/admission.py --discipline serial --step --levels 1,3
 """
 
 from __future__ import annotations
@@ -57,6 +67,16 @@ QUEUE_PREFILL_PER_ENGINE = 4
 QUEUE_DEPTHS = (2, 4, 8, 12, 16, 24)
 GENEROUS = harness.GENEROUS_LIMIT
 PREFILL_TOKENS_PER_S = 20_000.0  # the sim's default
+DISCIPLINES = ("chunked", "serial", "sglang", "sequential")  # narwhal sim's
+# The step: STEP_LOW x capacity for STEP_LOW_S seconds, then STEP_HIGH x; its target is
+# about the requests of the overload's first ONSET_S seconds.
+STEP_LOW, STEP_HIGH, STEP_LOW_S, ONSET_S = 0.2, 3.0, 10.0, 10.0
+# Closed-loop requests in flight per engine when capacity is measured: enough that an
+# engine is bound by its prefill, whatever its discipline. A serial engine gives each
+# decoding request one token per prompt it prefills, so its requests stay in it long:
+# with 16 in flight per engine it measured 5 req/s per engine, with 64 near its
+# prefill-bound 8.
+CAPACITY_CONCURRENCY_PER_ENGINE = 64
 
 
 @dataclass
@@ -65,6 +85,8 @@ class Run:
     level: float
     rate: float
     summary: dict[str, Any]
+    shape: str = "poisson"  # or "step": one phase of the step run
+    onset: dict[str, int] | None = None  # step, 3x phase: its first ONSET_S seconds
     metrics: dict[str, float] = field(default_factory=dict)  # router counters, deltas
     histogram: list[tuple[float, float]] = field(default_factory=list)  # prediction error
     refusal_histogram: list[tuple[float, float]] = field(default_factory=list)  # server side
@@ -214,31 +236,65 @@ def bench(
     extra: Sequence[str] = (),
     concurrency: int | None = None,
 ) -> dict[str, Any]:
+    return bench_run(
+        procs, router, tag, rate, requests, args, extra=extra, concurrency=concurrency
+    ).summary
+
+
+def bench_run(
+    procs: Processes,
+    router: Server,
+    tag: str,
+    rate: float | None,
+    requests: int,
+    args: argparse.Namespace,
+    *,
+    extra: Sequence[str] = (),
+    concurrency: int | None = None,
+    warmup: int | None = None,
+    duration: float | None = None,
+    keep_requests: bool = False,
+) -> harness.BenchRun:
     load = ["--rate", f"{rate:.3f}"] if rate is not None else ["-c", str(concurrency or 64)]
-    duration = (1.5 * requests / rate + 60) if rate else 600.0
+    if duration is None:
+        duration = (1.5 * requests / rate + 60) if rate else 600.0
     bench_args = [*load, *workload(args, requests, duration), *extra]
-    run = harness.run_bench(
+    return harness.run_bench(
         tag,
         [router.url],
         bench_args,
         watch=[router],
         router=router,
-        warmup=args.warmup,
+        warmup=args.warmup if warmup is None else warmup,
         timeout_s=duration + 400,
         work_dir=procs.log_dir,
+        keep_requests=keep_requests,
     )
-    return run.summary
 
 
 STEP_BUDGET = [8192]  # the sims' --max-num-batched-tokens (set from --step-budget)
+DISCIPLINE = ["chunked"]  # the sims' --prefill-discipline (set from --discipline)
 
 
 def start_fleet(procs: Processes, tag: str, flags: Sequence[Sequence[str]]) -> list[Server]:
     budget = ("--max-num-batched-tokens", str(STEP_BUDGET[0]))
+    discipline = ("--prefill-discipline", DISCIPLINE[0])
     return [
-        procs.sim(f"sim{i}-{tag}", *SIM_FLAGS, *budget, "--seed", str(i), *extra)
+        procs.sim(f"sim{i}-{tag}", *SIM_FLAGS, *budget, *discipline, "--seed", str(i), *extra)
         for i, extra in enumerate(flags)
     ]
+
+
+def fleet_and_router(
+    procs: Processes, tag: str, policy: str, args: argparse.Namespace, queue_depth: int
+) -> tuple[list[Server], Server]:
+    """Fresh engines and a fresh router for one run."""
+    sims = start_fleet(procs, tag, [()] * args.engines)
+    named = [(f"e{i}", sim, "both") for i, sim in enumerate(sims)]
+    config = router_config(
+        procs.log_dir / f"router-{tag}.yaml", named, policy, args.budget, queue_depth=queue_depth
+    )
+    return sims, procs.router(f"narwhal-{tag}", config)
 
 
 def run_once(
@@ -252,12 +308,7 @@ def run_once(
     queue_depth: int = 0,
 ) -> Run:
     tag = f"{policy}-x{level:g}-{time.monotonic_ns() % 10**6}"
-    sims = start_fleet(procs, tag, [()] * args.engines)
-    named = [(f"e{i}", sim, "both") for i, sim in enumerate(sims)]
-    config = router_config(
-        procs.log_dir / f"router-{tag}.yaml", named, policy, args.budget, queue_depth=queue_depth
-    )
-    router = procs.router(f"narwhal-{tag}", config)
+    sims, router = fleet_and_router(procs, tag, policy, args, queue_depth)
     before = scrape(router)
     with HealthProbe(router.url) as probe:
         summary = bench(procs, router, tag, rate, requests, args)
@@ -282,6 +333,101 @@ def run_once(
         f"goodput {summary['goodput_per_s']:.2f}/s ttft p99 {1e3 * summary['ttft_s']['p99']:.0f} ms"
     )
     return run
+
+
+def run_step(
+    procs: Processes, policy: str, capacity: float, args: argparse.Namespace, queue_depth: int
+) -> list[Run]:
+    """The onset of overload: STEP_LOW x capacity for STEP_LOW_S s, then STEP_HIGH x.
+
+    Two open-loop benches against one router: the low phase stops starting requests
+    after STEP_LOW_S (those in flight run on), and the high phase is started STEP_LOW_S
+    after it. A warm-up goes first, so that neither phase has one and both start
+    sending as soon as their process is up: the step lands on time within the
+    difference of two process start-ups. One Run per phase; the high phase's `onset`
+    counts its first ONSET_S seconds' requests: offered, admitted, admitted within budget.
+    """
+    tag = f"{policy}-step-{time.monotonic_ns() % 10**6}"
+    sims, router = fleet_and_router(procs, tag, policy, args, queue_depth)
+    if args.warmup:
+        bench_run(procs, router, f"{tag}-warmup", None, args.warmup, args, concurrency=4, warmup=0)
+    low, high = STEP_LOW * capacity, STEP_HIGH * capacity
+    phases: dict[str, harness.BenchRun] = {}
+    failures: list[BaseException] = []
+
+    def low_phase() -> None:
+        try:
+            # More requests than the phase can start: its duration ends it.
+            count = int(3 * low * STEP_LOW_S) + 10
+            phases["low"] = bench_run(
+                procs, router, f"{tag}-low", low, count, args, warmup=0, duration=STEP_LOW_S
+            )
+        except BaseException as exc:  # re-raised by the caller's thread
+            failures.append(exc)
+
+    before = scrape(router)
+    with HealthProbe(router.url) as probe:
+        thread = threading.Thread(target=low_phase, daemon=True)
+        thread.start()
+        time.sleep(STEP_LOW_S)
+        phases["high"] = bench_run(
+            procs, router, f"{tag}-high", high, args.requests, args, warmup=0, keep_requests=True
+        )
+        thread.join()
+    if failures:
+        raise failures[0]
+    after = scrape(router)
+    procs.stop(router)
+    for sim in sims:
+        procs.stop(sim)
+    first = [r for r in phases["high"].records if r["start_s"] < ONSET_S]
+    admitted = [r for r in first if r["admission"] == "admitted"]
+    onset = {
+        "offered": len(first),
+        "admitted": len(admitted),
+        "within": sum(1 for r in admitted if r["meets_slo"]),
+    }
+    runs = [
+        Run(policy, STEP_LOW, low, phases["low"].summary, shape="step"),
+        Run(
+            policy,
+            STEP_HIGH,
+            high,
+            phases["high"].summary,
+            shape="step",
+            onset=onset,
+            histogram=histogram_delta("narwhal_ttft_prediction_error_ratio", before, after),
+            refusal_histogram=histogram_delta("narwhal_refusal_latency_seconds", before, after),
+            health_ms=probe.latencies_ms,
+        ),
+    ]
+    harness.log(
+        f"{tag}: first {ONSET_S:g} s of {STEP_HIGH:g}x: offered {onset['offered']} admitted "
+        f"{onset['admitted']} within budget {onset['within']}"
+    )
+    return runs
+
+
+def measured_capacity(procs: Processes, args: argparse.Namespace) -> float:
+    """Requests/s the fleet completes with every engine kept busy: closed-loop load
+    straight on the sims (no router), this workload, CAPACITY_CONCURRENCY_PER_ENGINE in
+    flight per engine. For disciplines the capacity model below does not describe."""
+    sims = start_fleet(procs, "capacity", [()] * args.engines)
+    concurrency = CAPACITY_CONCURRENCY_PER_ENGINE * args.engines
+    run = harness.run_bench(
+        "capacity",
+        [sim.url for sim in sims],
+        ["-c", str(concurrency), *workload(args, args.capacity_requests, 600.0)],
+        watch=sims,
+        warmup=args.warmup,
+        timeout_s=1000.0,
+        work_dir=procs.log_dir,
+    )
+    for sim in sims:
+        procs.stop(sim)
+    capacity = float(run.summary["requests_per_s"])
+    harness.log(f"capacity measured ({DISCIPLINE[0]}): {capacity:.2f} req/s")
+    return capacity
 
 
 def fleet_capacity(engines: int, budget: int = 8192) -> float:
@@ -349,8 +495,9 @@ def row(run: Run) -> list[str]:
     error = "-"
     if run.policy == "predictive":
         error = f"{100 * run.error_quantile(0.5):.0f}% / {100 * run.error_quantile(0.9):.0f}%"
+    load = f"{run.level:g}x ({run.rate:.1f}/s)"
     return [
-        f"{run.level:g}x ({run.rate:.1f}/s)",
+        load if run.shape == "poisson" else f"step {load}",
         run.policy,
         str(a["offered"]),
         str(a["admitted"]),
@@ -487,7 +634,10 @@ def plot(runs: list[Run], directory: Path) -> None:
     directory.mkdir(parents=True, exist_ok=True)
     figure, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
     for policy in POLICIES:
-        mine = sorted((r for r in runs if r.policy == policy), key=lambda r: r.level)
+        mine = sorted(
+            (r for r in runs if r.policy == policy and r.shape == "poisson"),
+            key=lambda r: r.level,
+        )
         levels = [r.level for r in mine]
         left.plot(levels, [r.summary["goodput_per_s"] for r in mine], marker="o", label=policy)
         right.plot(
@@ -524,6 +674,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--step-budget", type=int, default=8192, help="the sims' --max-num-batched-tokens"
     )
+    parser.add_argument(
+        "--discipline", choices=DISCIPLINES, default="chunked", help="the sims' scheduler"
+    )
+    parser.add_argument(
+        "--capacity",
+        choices=("model", "measured"),
+        help="the fleet's capacity: computed from the chunked model, or measured "
+        "(default: model for chunked sims, measured for the others)",
+    )
+    parser.add_argument("--capacity-requests", type=int, default=600, help="to measure it")
+    parser.add_argument(
+        "--step",
+        action="store_true",
+        help=f"also, per policy: {STEP_LOW:g}x for {STEP_LOW_S:g} s, then {STEP_HIGH:g}x",
+    )
     parser.add_argument("--policies", default=",".join(POLICIES), help="which to run")
     parser.add_argument("--quick", action="store_true", help="fewer requests, levels 1,2")
     parser.add_argument("--json", metavar="OUT")
@@ -531,16 +696,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--keep-logs", action="store_true")
     args = parser.parse_args(argv)
     if args.quick:
-        args.requests, args.tune_requests = 300, 300
+        args.requests, args.tune_requests, args.capacity_requests = 300, 300, 300
         args.levels, args.drift_seconds = "1,2", 60.0
-    levels = [float(x) for x in args.levels.split(",")]
+    levels = [float(x) for x in args.levels.split(",") if x]  # "": the step alone
     policies = args.policies.split(",")
     STEP_BUDGET[0] = args.step_budget
+    DISCIPLINE[0] = args.discipline
+    if args.capacity is None:
+        args.capacity = "model" if args.discipline == "chunked" else "measured"
     started = time.monotonic()
     revision = harness.narwhal_revision()
     runs: list[Run] = []
     with Processes(keep_logs=args.keep_logs) as procs:
-        capacity = fleet_capacity(args.engines, args.step_budget)
+        if args.capacity == "measured":
+            capacity = measured_capacity(procs, args)
+        else:
+            capacity = fleet_capacity(args.engines, args.step_budget)
         depth, trials = tune_queue(procs, capacity, args) if "queue" in policies else (0, [])
         for level in levels:
             for policy in policies:
@@ -555,6 +726,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                         queue_depth=depth,
                     )
                 )
+        if args.step:
+            for policy in policies:
+                runs += run_step(procs, policy, capacity, args, depth)
         hetero = drift_result = None
         if not args.skip_extra:
             hetero = heterogeneous(procs, capacity, args)
@@ -564,19 +738,28 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"\n## Admission under overload: {args.engines} sims (both roles, time-scale 1), "
         f"prompts {PROMPTS} tokens, outputs {OUTPUTS} (ignore_eos), Poisson arrivals, "
         f"{args.requests} requests per run, TTFT budget {args.budget:g} s, "
-        f"step budget {args.step_budget} tokens"
+        f"step budget {args.step_budget} tokens, prefill discipline {args.discipline}"
     )
     print("\n" + harness.stamp(revision) + "\n")
-    print(f"capacity (prefill-bound, from the sims' model): {capacity:.2f} req/s")
+    if args.capacity == "measured":
+        print(
+            f"capacity (measured: closed loop, {CAPACITY_CONCURRENCY_PER_ENGINE} in flight "
+            f"per engine, straight on the sims): {capacity:.2f} req/s"
+        )
+    else:
+        print(f"capacity (prefill-bound, from the sims' model): {capacity:.2f} req/s")
     tuned = ", ".join(
         f"{int(t.metrics['queue_depth'])}: {100 * (t.admission['admitted_attainment'] or 0):.1f}%"
         for t in trials
     )
-    print(
-        f"queue policy: prefill {QUEUE_PREFILL_PER_ENGINE} per engine, depth {depth} "
-        f"(admitted within budget at 1x by depth: {tuned})\n"
-    )
-    print(table(HEADERS, [row(r) for r in sorted(runs, key=lambda r: (r.level, r.policy))]))
+    if trials:
+        print(
+            f"queue policy: prefill {QUEUE_PREFILL_PER_ENGINE} per engine, depth {depth} "
+            f"(admitted within budget at 1x by depth: {tuned})"
+        )
+    print()
+    ordered = sorted(runs, key=lambda r: (r.shape != "poisson", r.level, r.policy))
+    print(table(HEADERS, [row(r) for r in ordered]))
     print()
     print(_targets(runs))
     if hetero is not None:
@@ -610,6 +793,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                     "policy": r.policy,
                     "level": r.level,
                     "rate": r.rate,
+                    "shape": r.shape,
+                    "onset": r.onset,
                     "summary": r.summary,
                     "metrics": r.metrics,
                     "error_histogram": r.histogram,
@@ -628,14 +813,26 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _targets(runs: list[Run]) -> str:
     """The issue's targets, checked against this run's figures."""
-    by = {(r.policy, r.level): r for r in runs}
     lines = ["Targets:"]
+    for phase in runs:
+        if phase.onset is not None:
+            o = phase.onset
+            share = o["within"] / o["admitted"] if o["admitted"] else 1.0
+            verdict = "met" if share >= 0.98 else "NOT met"
+            lines.append(
+                f"- step ({phase.policy}): of the requests admitted in the first {ONSET_S:g} s "
+                f"of {STEP_HIGH:g}x, >= 98% within budget: {o['within']} of {o['admitted']} "
+                f"({100 * share:.1f}%; {o['offered']} offered) -> {verdict}"
+            )
+    runs = [r for r in runs if r.shape == "poisson"]
+    by = {(r.policy, r.level): r for r in runs}
     predictive = [r for r in runs if r.policy == "predictive"]
-    worst = min((r.admission["admitted_attainment"] or 0) for r in predictive)
-    lines.append(
-        f"- predictive: admitted within budget at every level >= 99%: {100 * worst:.1f}% "
-        f"at worst -> {'met' if worst >= 0.99 else 'NOT met'}"
-    )
+    if predictive:
+        worst = min((r.admission["admitted_attainment"] or 0) for r in predictive)
+        lines.append(
+            f"- predictive: admitted within budget at every level >= 99%: {100 * worst:.1f}% "
+            f"at worst -> {'met' if worst >= 0.99 else 'NOT met'}"
+        )
     one = by.get(("predictive", 1.0))
     for level in (2.0, 3.0):
         run = by.get(("predictive", level))

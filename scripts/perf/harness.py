@@ -423,6 +423,7 @@ class BenchRun:
     other_cores: float = 0.0
     tcp: dict[str, int] = field(default_factory=dict)  # _TCP_WATCHED counters over the run
     error_samples: dict[str, Any] = field(default_factory=dict)
+    records: list[dict[str, Any]] = field(default_factory=list)  # per request, if kept
 
     @property
     def requests(self) -> int:
@@ -469,6 +470,7 @@ def run_bench(
     work_dir: Path,
     sample: Callable[[], dict[str, float]] | None = None,
     sample_every_s: float = 1.0,
+    keep_requests: bool = False,
 ) -> BenchRun:
     """Run `narwhal bench --url ... --warmup N ARGS --json FILE` and load its summary.
 
@@ -476,7 +478,8 @@ def run_bench(
     outcome counters scraped. While the bench runs, `sample` (if given) is called every
     sample_every_s and the maximum of each value it returns is kept (`BenchRun.peaks`).
     The bench is killed after timeout_s (its own --duration and --timeout should make it
-    stop well before).
+    stop well before). `keep_requests` keeps the stage's per-request records
+    (`BenchRun.records`, each with `start_s` from the stage's start).
     """
     json_path = work_dir / f"bench-{label}-{time.monotonic_ns()}.json"
     log_path = json_path.with_suffix(".log")
@@ -538,6 +541,9 @@ def run_bench(
         other_cores=max(0.0, host_s - ours_s) / wall_s,
         tcp={k: tcp_after.get(k, 0) - tcp_before.get(k, 0) for k in _TCP_WATCHED},
     )
+    if keep_requests:
+        began = float(stage.get("started_s") or 0.0)
+        run.records = [dict(r, start_s=r["start_s"] - began) for r in stage["requests"]]
     json_path.unlink()  # per-request results are large; the summary is kept in BenchRun
     if run.errors:
         log(f"  {label}: {run.errors} errors {run.summary['error_counts']}")
