@@ -95,3 +95,15 @@ async def test_sequential_starts_the_next_request_after_the_last_token(
     earlier, later = sorted((arrivals for _, arrivals in streams), key=lambda a: a[0])
     assert len(earlier) == len(later) == 20
     assert later[0] > earlier[-1]
+
+
+async def test_time_scale_applies_under_a_discipline(
+    sim_factory: Any, http: aiohttp.ClientSession
+) -> None:
+    sim = await sim_factory(
+        prefill_discipline="serial", time_scale=0.5, prefill_tokens_per_s=2000.0,
+        decode_base_ms=5.0, decode_per_seq_ms=0.0,
+    )  # fmt: skip
+    first_tokens = await _probes_behind_a_prefill(http, sim.url)
+    spread = first_tokens[-1] - first_tokens[0]
+    assert 0.12 < spread < 0.3  # half of serial's ~0.38 s at time-scale 1
