@@ -139,6 +139,10 @@ class SimOptions:
         default=2.0, metadata=_help("fault: decode-step multiplier once --drift-after-s has passed")
     )
     broken_metrics: bool = field(default=False, metadata=_help("fault: /metrics answers 500"))
+    tokenize_delay_s: float = field(
+        default=0.0,
+        metadata=_help("fault: /tokenize answers this many seconds late (an engine under load)"),
+    )
     always: str = field(
         default="",
         metadata=_help(
@@ -200,6 +204,7 @@ class SimOptions:
             "decode_per_seq_ms": self.decode_per_seq_ms,
             "kv_transfer_base_ms": self.kv_transfer_base_ms,
             "kv_hold_s": self.kv_hold_s,
+            "tokenize_delay_s": self.tokenize_delay_s,
         }
         for name, value in non_negative.items():
             if value < 0:

@@ -13,6 +13,7 @@ all     POST /sim/kv/pull (the prefill side of the PD handshake, see kv.py) and
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from typing import Any, Final
 
@@ -78,6 +79,9 @@ class _AuxRoutes:
         return _json({"version": VERSIONS[self.runtime.options.dialect]})
 
     async def tokenize(self, request: web.Request) -> web.Response:
+        delay = self.runtime.options.tokenize_delay_s
+        if delay:
+            await asyncio.sleep(delay)
         try:
             body = msgspec.json.decode(await request.read())
             if not isinstance(body, dict):
