@@ -289,3 +289,34 @@ async def test_bounds_learned_are_checked_now_and_then_in_the_background(
         await asyncio.sleep(0.002)
     request, size = chat("After the samples that found the difference")
     assert not (await sizer.size(request, size)).settled
+
+
+async def test_no_wait_while_the_engines_answer_later_than_it_allows(
+    session: aiohttp.ClientSession, tokenize_server: TokenizeServer
+) -> None:
+    """Once an engine's answers have come later than the wait, a decision at the edge is
+    taken on the estimate at once; answers in time again bring the waits back."""
+    sizer = WorkloadSizer(PromptSizer(), engine(session, tokenize_server.url), use_engine=True)
+    tokenize_server.behaviour = "hold"
+    request, raw = chat("A prompt the engine is slow to count, under a burst.")
+    size = await sizer.size(request, raw)
+    assert (await sizer.engine_count("chat", size, 0.05)).source == "fallback"
+    await asyncio.sleep(0.15)
+    tokenize_server.release.set()  # answered, 0.15 s after it was asked
+    await asyncio.sleep(0.1)  # both answered: the wait's call and the background sample
+    assert sizer.stats()["tokenize_answered"] == 2
+    tokenize_server.behaviour = "ok"
+    other, other_raw = chat("The next prompt at the edge.")
+    started = time.monotonic()
+    assert (await sizer.engine_count("chat", await sizer.size(other, other_raw), 0.05)).source == (
+        "fallback"
+    )
+    assert time.monotonic() - started < 0.04
+    # The background samples answer at once now: the waits come back.
+    for i in range(10):
+        await sizer.size(*chat(f"Prompt {i}, counted in the background."))
+        await asyncio.sleep(0.02)
+    third, third_raw = chat("A third prompt at the edge.")
+    assert (await sizer.engine_count("chat", await sizer.size(third, third_raw), 0.05)).source == (
+        "engine"
+    )

@@ -79,11 +79,12 @@ class _AuxRoutes:
         return _json({"version": VERSIONS[self.runtime.options.dialect]})
 
     async def tokenize(self, request: web.Request) -> web.Response:
+        raw = await request.read()
         delay = self.runtime.options.tokenize_delay_s
         if delay:
             await asyncio.sleep(delay)
         try:
-            body = msgspec.json.decode(await request.read())
+            body = msgspec.json.decode(raw)
             if not isinstance(body, dict):
                 raise SimError(400, "request body must be a JSON object")
             if isinstance(body.get("messages"), list):

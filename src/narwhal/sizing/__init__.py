@@ -17,7 +17,8 @@
 Admission acts on `tokens` at once when its decision is the same at `low` and at `high`
 (`sizing.bounds`); only when it is not does it call `engine_count`, which waits for an
 engine's count at most a bounded time ("engine"; on timeout or failure the size as it was,
-marked "fallback"). What the engines answer, in time or later, and their
+marked "fallback"; at once so while the engines' recent answers have come later than the
+wait allows). What the engines answer, in time or later, and their
 `usage.prompt_tokens` after a request, teach the calibration; so does one estimated prompt
 in `_SAMPLE_EVERY`, sent to an engine off the request's path (every one, one at a time,
 until the bounds are learned).
@@ -142,6 +143,13 @@ class WorkloadSizer:
         remote, query, estimated = self._remote, size.query, size.estimated
         if remote is None or query is None or estimated is None or wait_s <= 0:
             return fallback
+        latency = remote.latency_s
+        if latency is not None and latency > wait_s:
+            # The engines' answers come later than the wait allows (an engine busy with a
+            # burst): waiting would only delay the decision. Sampling in the background
+            # finds out when they are quick again.
+            self._sample(remote, route, query, estimated)
+            return fallback
         task = self._spawn(self._ask(remote, route, query, estimated))
         done, _ = await asyncio.wait((task,), timeout=wait_s)
         count = task.result() if done else None
@@ -183,6 +191,14 @@ class WorkloadSizer:
             return
         remote = self._remote
         assert remote is not None, "a query is made only with an engine tokenizer"
+        self._sample(remote, route, query, estimated)
+
+    def _sample(
+        self, remote: EngineTokenizer, route: Route, query: TokenizeQuery, estimated: int
+    ) -> None:
+        """Ask an engine in the background, one call at a time."""
+        if self._sampling:
+            return
         self._since_sampled = 0
         self._sampling = True
         task = self._spawn(self._ask(remote, route, query, estimated))
