@@ -117,8 +117,8 @@ async def test_clear_decisions_never_wait_for_a_slow_tokenize(slow_sim: NarwhalP
         counted = sizing(values)
         assert counted["engine"] == counted["fallback"] == 0  # nothing waited
         assert counted["calibrated"] == 75
-        # At the client, far under the engine's 2 s (and under the wait, had any waited).
-        assert max(refused) < WAIT_S, sorted(refused)
+        # At the client, far under the engine's 2 s (this machine's load allowed for).
+        assert max(refused) < TOKENIZE_DELAY_S / 4, sorted(refused)
         assert values['narwhal_outcomes_total{outcome="refused"}'] == len(refused) + 2
 
 

@@ -20,8 +20,8 @@ engine's count at most a bounded time ("engine"; on timeout or failure the size 
 marked "fallback"; at once so while the engines' recent answers have come later than the
 wait allows). What the engines answer, in time or later, and their
 `usage.prompt_tokens` after a request, teach the calibration; so does one estimated prompt
-in `_SAMPLE_EVERY`, sent to an engine off the request's path (every one, one at a time,
-until the bounds are learned).
+in `_SAMPLE_EVERY`, sent to an engine off the request's path (every one long enough to
+teach the bounds, one at a time, until they are learned).
 
 Chat prompts count the chat template: exactly by the engine and for the sim's template,
 as a per-message allowance with a configured tokenizer.json.
@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from typing import Any, Final, Literal
 
 from narwhal.protocol.requests import CompletionRequest, Route
-from narwhal.sizing.calibration import EstimateCalibration
+from narwhal.sizing.calibration import MIN_INTERVAL_TOKENS, EstimateCalibration
 from narwhal.sizing.local import PromptSizer, load_sizer, token_id_count
 from narwhal.sizing.remote import EngineTokenizer, TokenizeCandidate, TokenizeQuery, make_query
 
@@ -186,7 +186,12 @@ class WorkloadSizer:
 
     def _sample_now_and_then(self, route: Route, query: TokenizeQuery, estimated: int) -> None:
         self._since_sampled += 1
-        learning = self._calibration.samples(route) < self._calibration.min_samples
+        calibration = self._calibration
+        # Only prompts the bounds learn from are worth a call each while they are learned.
+        learning = (
+            estimated >= MIN_INTERVAL_TOKENS
+            and calibration.samples(route) < calibration.min_samples
+        )
         if self._sampling or not (learning or self._since_sampled >= _SAMPLE_EVERY):
             return
         remote = self._remote
