@@ -152,3 +152,16 @@ async def test_a_decision_at_the_edge_waits_for_the_engines_count_a_bounded_time
             values = await metrics_of(router.url)
             assert sizing(values)["engine"] == 1 and sizing(values)["fallback"] == 0
             assert values['narwhal_tokenize_calls_total{result="answered"}'] >= 1
+
+
+async def test_at_the_edge_the_engines_count_decides() -> None:
+    """A model whose tokenizer counts a quarter of what the estimate does: the ~5,000-token
+    prompt refused above on the estimate (and on an engine that counts as it does) is
+    admitted on the engine's count, waited for because the bounds straddle the budget."""
+    with sim_process("--time-scale", "1", "--tokenize-scale", "0.25") as sim:
+        with router_process(predictive(sim, WAIT_S)) as router:
+            reply = await send(router.url, completion(words(5_000), max_tokens=4))
+            assert reply.status == 200, reply.raw
+            values = await metrics_of(router.url)
+            assert sizing(values)["engine"] == 1 and sizing(values)["fallback"] == 0
+            assert values['narwhal_refused_total{reason="prompt"}'] == 0

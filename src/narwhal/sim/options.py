@@ -143,6 +143,13 @@ class SimOptions:
         default=0.0,
         metadata=_help("fault: /tokenize answers this many seconds late (an engine under load)"),
     )
+    tokenize_scale: float = field(
+        default=1.0,
+        metadata=_help(
+            "fault: /tokenize counts this many times the prompt's tokens (a tokenizer that "
+            "a router's estimate does not match; completions are as they were)"
+        ),
+    )
     always: str = field(
         default="",
         metadata=_help(
@@ -193,6 +200,7 @@ class SimOptions:
             "output_len_mean": self.output_len_mean,
             "stream_interval": self.stream_interval,
             "drift_factor": self.drift_factor,
+            "tokenize_scale": self.tokenize_scale,
         }
         for name, value in positive.items():
             if value <= 0:

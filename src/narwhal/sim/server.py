@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 from typing import Any, Final
 
 import msgspec
@@ -99,6 +100,9 @@ class _AuxRoutes:
             return error_response(self.runtime, SimError(400, f"invalid JSON: {exc}"))
         except SimError as error:
             return error_response(self.runtime, error)
+        scale = self.runtime.options.tokenize_scale
+        if scale != 1.0 and ids:  # the prompt's IDs over and over, or cut short
+            ids = (ids * math.ceil(scale))[: max(1, round(len(ids) * scale))]
         strs = (
             [self.tokenizer.token_text(i) for i in ids] if body.get("return_token_strs") else None
         )
