@@ -63,8 +63,8 @@ IDLE_S = 2.0
 REFUSAL_TARGET_MS = 10.0
 OPS_TARGET_MS = 100.0
 REQUEST_TIMEOUT_S = 60  # per request: bounds the drain of a level if an engine stalls
-# Warm-up: more prompts than the router's sizing needs to trust its own estimate (it asks
-# the engines to tokenize until 32 prompts in a row matched, `EXACT_AFTER`), short outputs.
+# Warm-up: more prompts than the router's sizing needs to learn its estimate's bounds (32
+# engine counts, `sizing.calibration.MIN_SAMPLES`), short outputs.
 WARMUP_REQUESTS = 48
 WARMUP_OUTPUTS = "16:64"
 _TASKS = re.compile(r"^narwhal_event_loop_tasks\s+(\S+)", re.M)

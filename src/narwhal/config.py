@@ -85,6 +85,9 @@ class AdmissionConfig(Struct, frozen=True, forbid_unknown_fields=True, kw_only=T
     queue_limit: NonNegativeInt = 1024
     wait_timeout_s: PositiveSeconds = 30.0
     phase_concurrency: PhaseConcurrency = PhaseConcurrency()
+    # Predictive, without `tokenizer:`: how long a decision that the estimate's error could
+    # flip waits for an engine's own count (then it is taken on the estimate); 0: never.
+    sizing_wait_s: NonNegativeSeconds = 0.05
 
 
 class EngineConfig(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):

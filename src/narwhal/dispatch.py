@@ -23,7 +23,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 from urllib.parse import urlsplit
@@ -58,6 +58,7 @@ from narwhal.scheduler.placement import PlacementRequest
 from narwhal.scheduler.registry import EngineRegistry
 from narwhal.scheduler.scheduler import Plan, Scheduler
 from narwhal.sizing import PromptSize
+from narwhal.sizing.bounds import context_fit, needs_engine_count
 from narwhal.state import RouterState
 from narwhal.tracing import ADMISSION_WAIT, DECODE, NO_SPAN, PLACEMENT, PREFILL, Span
 
@@ -70,6 +71,11 @@ _DRAIN_TIMEOUT_S = 1.0
 _DONE_GRACE_S = 0.01
 # Failures another placement may not repeat: engine down, engine error, bad output.
 _RETRYABLE = (EngineUnavailable, EngineError, EngineOutputError, TruncatedStream)
+
+
+# (route, the prompt's size, how long to wait) -> an engine's count, or the size marked
+# "fallback" (`WorkloadSizer.engine_count`).
+EngineCount = Callable[[Route, PromptSize, float], Awaitable[PromptSize]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -238,11 +244,14 @@ class Dispatcher:
         check: PredictiveCheck | None = None,
         lengths: OutputLengths | None = None,
         prompt_counted: Callable[[Route, PromptSize, int], None] | None = None,
+        engine_count: EngineCount | None = None,
         drain: Drain | None = None,
     ) -> None:
         """`check`, `lengths`: predictive admission (the TTFT check, output-length
         learning); `prompt_counted`: told the engine's count of each sized prompt;
-        `drain`: the shutdown's drain deadline, which ends attempts still running."""
+        `engine_count`: an engine's count of a prompt whose estimate could flip the
+        check, within a bounded wait (`WorkloadSizer.engine_count`); `drain`: the
+        shutdown's drain deadline, which ends attempts still running."""
         self.drain = drain or Drain()
         self._config = config
         self.metrics = metrics
@@ -255,6 +264,7 @@ class Dispatcher:
         self._check = check
         self._lengths = lengths
         self._prompt_counted = prompt_counted
+        self._engine_count = engine_count
         self._addresses: list[tuple[str, str]] = []
         self.reconfigure(config)
         state.subscribe(self._state_changed)
@@ -332,6 +342,7 @@ class Dispatcher:
         leased = False
         try:
             if self._check is not None:
+                await self._settle_size(request, context, ticket, self._check)
                 now = time.monotonic()
                 projection = self._check.check(
                     ticket.request,
@@ -348,6 +359,40 @@ class Dispatcher:
         finally:
             if not leased:
                 self.release(ticket)
+
+    async def _settle_size(
+        self,
+        request: CompletionRequest,
+        context: RequestContext,
+        ticket: Ticket,
+        check: PredictiveCheck,
+    ) -> None:
+        """An estimated prompt whose bounds could change the check's verdict (or whether
+        it fits the context) waits, bounded, for an engine's count; the ticket is then
+        sized by it. Any other request goes on at once, sized as it is."""
+        size = context.prompt_size
+        if size is None or size.settled or self._engine_count is None:
+            return
+        placement = ticket.request
+        now = time.monotonic()
+        queued = len(self.gate.controller.queue)
+        context_len = self._context_len()
+
+        def verdict(tokens: int) -> tuple[str, bool]:
+            sized = replace(placement, prompt_tokens=tokens)
+            return (
+                check.verdict(sized, arrived=context.arrived, now=now, queued=queued),
+                context_fit(tokens, request.max_tokens, context_len),
+            )
+
+        if not needs_engine_count(size, verdict):
+            return
+        wait_s = self._config.admission.sizing_wait_s
+        counted = await self._engine_count(request.route, size, wait_s)
+        context.prompt_size = counted
+        if counted.tokens != context.prompt_tokens:
+            context.prompt_tokens = counted.tokens
+            ticket.request = self._placement_request(request, context)
 
     def _placement_request(
         self, request: CompletionRequest, context: RequestContext

@@ -72,6 +72,7 @@ from narwhal.scheduler.prefix_metrics import PrefixCollector
 from narwhal.scheduler.registry import EngineEntry, EngineRegistry
 from narwhal.scheduler.scheduler import Scheduler
 from narwhal.sizing import EngineTokenizer, TokenizeCandidate, WorkloadSizer, load_sizer
+from narwhal.sizing.metrics import SizingCollector
 from narwhal.state import RouterState
 from narwhal.tracing import Tracer, build_tracer
 
@@ -176,6 +177,7 @@ class Router:
         self.sizer = WorkloadSizer(
             load_sizer(config.tokenizer), use_engine=predictive and config.tokenizer is None
         )
+        self.metrics.registry.register(SizingCollector(self.sizer))
         self.dispatcher = Dispatcher(
             config,
             self.metrics,
@@ -187,6 +189,7 @@ class Router:
             check=check,
             lengths=None if self.book is None else self.book.lengths,
             prompt_counted=self.sizer.observe_engine_prompt_tokens,
+            engine_count=self.sizer.engine_count if self.sizer.calibrating else None,
             drain=self.drain,
         )
         self.report = EngineReport(self.registry, self.scheduler)

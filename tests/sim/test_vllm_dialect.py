@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import aiohttp
@@ -312,6 +313,28 @@ async def test_broken_metrics(sim_factory: Any, http: aiohttp.ClientSession) -> 
     sim = await sim_factory(broken_metrics=True)
     async with http.get(f"{sim.url}/metrics") as response:
         assert response.status == 500
+
+
+async def test_a_slow_and_a_miscounting_tokenize(
+    sim_factory: Any, http: aiohttp.ClientSession
+) -> None:
+    """Faults for the router's sizing: /tokenize late, or counting another number of
+    tokens than the sim serves (its completions' usage stays the true count)."""
+    slow = await sim_factory(tokenize_delay_s=0.2)
+    started = time.monotonic()
+    status, body = await post_json(http, f"{slow.url}/tokenize", {"prompt": "Hello world"})
+    assert status == 200 and body["count"] == len(TOK.completion_prompt_ids("Hello world"))
+    assert time.monotonic() - started >= 0.2
+    prompt = "one two three four five six seven eight nine ten"
+    true_count = len(TOK.completion_prompt_ids(prompt))
+    for scale in (0.5, 2.5):
+        sim = await sim_factory(tokenize_scale=scale)
+        status, body = await post_json(http, f"{sim.url}/tokenize", {"prompt": prompt})
+        assert status == 200 and body["count"] == round(true_count * scale)
+        assert len(body["tokens"]) == body["count"]
+        request = {"model": "narwhal-sim", "prompt": prompt, "max_tokens": 1}
+        status, body = await post_json(http, f"{sim.url}/v1/completions", request)
+        assert status == 200 and body["usage"]["prompt_tokens"] == true_count
 
 
 async def test_two_sims_in_one_process_keep_their_own_metrics(

@@ -32,12 +32,17 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Literal
 
 from narwhal.errors import PromptExceedsTtftBudget, TtftBudgetExceeded
 from narwhal.models.book import ModelBook
 from narwhal.scheduler.placement import CachedTokens, PlacementRequest
 from narwhal.scheduler.predictive import prefill_part, uncached_tokens
 from narwhal.scheduler.registry import EngineEntry, EngineRegistry
+
+# What the check would do: admit, or refuse by one of its two rows; "unmodelled" when no
+# path has a model (placement will say 503).
+Verdict = Literal["admit", "prompt", "projected", "unmodelled"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,16 +96,33 @@ class PredictiveCheck:
         book = self._book
         return Projection(raw, solo, book.expected(raw), book.upper(raw))
 
+    def verdict(
+        self, request: PlacementRequest, *, arrived: float, now: float, queued: int
+    ) -> Verdict:
+        """What `check` would do with the request, without doing it (nothing counted or
+        raised): for sizing, which asks it at both ends of an estimate's bounds."""
+        return self._verdict(self.project(request, now, queued), arrived, now)
+
+    def _verdict(self, projection: Projection | None, arrived: float, now: float) -> Verdict:
+        if projection is None:
+            return "unmodelled"
+        if self._book.upper(projection.solo) > self.budget:
+            return "prompt"
+        if projection.upper > self.budget - (now - arrived):
+            return "projected"
+        return "admit"
+
     def check(
         self, request: PlacementRequest, *, arrived: float, now: float, queued: int
     ) -> Projection | None:
         """Admit (the projection, or None when no path is modelled: placement will say
         503) or raise the 429 the projection calls for."""
         projection = self.project(request, now, queued)
-        if projection is None:
+        verdict = self._verdict(projection, arrived, now)
+        if verdict == "unmodelled":
             return None
-        book = self._book
-        if book.upper(projection.solo) > self.budget:
+        assert projection is not None
+        if verdict == "prompt":
             self._count("prompt")
             raise PromptExceedsTtftBudget(
                 f"The prompt alone ({request.prompt_tokens} tokens) would take longer than "
@@ -108,10 +130,9 @@ class PredictiveCheck:
                 "or raise admission.ttft_target_s.",
                 param="messages" if request.route == "chat" else "prompt",
             )
-        left = self.budget - (now - arrived)
-        overrun = projection.upper - left
-        if overrun > 0:
+        if verdict == "projected":
             self._count("projected")
+            overrun = projection.upper - (self.budget - (now - arrived))
             retry_after = max(1, math.floor(overrun + 0.5))
             raise TtftBudgetExceeded(
                 f"The first token is projected at {projection.upper:.2f} s, over the TTFT "

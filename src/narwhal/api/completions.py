@@ -125,7 +125,11 @@ class CompletionFront:
                 span=span,
             )
             sized = True
-            served = await self._service.serve(parsed, context)
+            try:
+                served = await self._service.serve(parsed, context)
+            finally:
+                # As admission acted on it: an estimate may have become the engine's count.
+                self._sizer.count(context.prompt_size or size)
             if isinstance(served, Assembled):
                 outcome = "completed"
                 response = json_response(served.body, request_id=request_id)

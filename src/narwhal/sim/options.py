@@ -150,6 +150,17 @@ class SimOptions:
         default=2.0, metadata=_help("fault: decode-step multiplier once --drift-after-s has passed")
     )
     broken_metrics: bool = field(default=False, metadata=_help("fault: /metrics answers 500"))
+    tokenize_delay_s: float = field(
+        default=0.0,
+        metadata=_help("fault: /tokenize answers this many seconds late (an engine under load)"),
+    )
+    tokenize_scale: float = field(
+        default=1.0,
+        metadata=_help(
+            "fault: /tokenize counts this many times the prompt's tokens (a tokenizer that "
+            "a router's estimate does not match; completions are as they were)"
+        ),
+    )
     always: str = field(
         default="",
         metadata=_help(
@@ -200,6 +211,7 @@ class SimOptions:
             "output_len_mean": self.output_len_mean,
             "stream_interval": self.stream_interval,
             "drift_factor": self.drift_factor,
+            "tokenize_scale": self.tokenize_scale,
         }
         for name, value in positive.items():
             if value <= 0:
@@ -211,6 +223,7 @@ class SimOptions:
             "decode_per_seq_ms": self.decode_per_seq_ms,
             "kv_transfer_base_ms": self.kv_transfer_base_ms,
             "kv_hold_s": self.kv_hold_s,
+            "tokenize_delay_s": self.tokenize_delay_s,
         }
         for name, value in non_negative.items():
             if value < 0:

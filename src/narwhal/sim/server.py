@@ -13,7 +13,9 @@ all     POST /sim/kv/pull (the prefill side of the PD handshake, see kv.py) and
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import math
 from typing import Any, Final
 
 import msgspec
@@ -78,8 +80,12 @@ class _AuxRoutes:
         return _json({"version": VERSIONS[self.runtime.options.dialect]})
 
     async def tokenize(self, request: web.Request) -> web.Response:
+        raw = await request.read()
+        delay = self.runtime.options.tokenize_delay_s
+        if delay:
+            await asyncio.sleep(delay)
         try:
-            body = msgspec.json.decode(await request.read())
+            body = msgspec.json.decode(raw)
             if not isinstance(body, dict):
                 raise SimError(400, "request body must be a JSON object")
             if isinstance(body.get("messages"), list):
@@ -94,6 +100,9 @@ class _AuxRoutes:
             return error_response(self.runtime, SimError(400, f"invalid JSON: {exc}"))
         except SimError as error:
             return error_response(self.runtime, error)
+        scale = self.runtime.options.tokenize_scale
+        if scale != 1.0 and ids:  # the prompt's IDs over and over, or cut short
+            ids = (ids * math.ceil(scale))[: max(1, round(len(ids) * scale))]
         strs = (
             [self.tokenizer.token_text(i) for i in ids] if body.get("return_token_strs") else None
         )

@@ -1,17 +1,27 @@
-"""Workload sizing: how many prompt tokens a request brings, once per request.
+"""Workload sizing: how many prompt tokens a request brings, without waiting on an engine.
 
-`WorkloadSizer.size` takes the most exact count it can cheaply have, in this order:
+`WorkloadSizer.size` counts in the router's own process, and says how sure it is: a
+`PromptSize` is the count (`tokens`) and the bounds the engines' own count is expected in
+(`low`, `high`), by source:
 
-1. "tokenizer": counted exactly here, by the configured tokenizer.json (`local`), or
-   because the prompt is token IDs;
-2. "engine": an engine's own tokenize endpoint (`remote`), when enabled and it answers
-   in time; cached, so a repeated prompt costs no call;
-3. "estimate": the simulator's tokenizer (`local`), exact for `narwhal sim` engines and
-   otherwise corrected by what the engines' own counts have shown (`calibration`).
-   Once it has matched the engines' counts exactly for a run of prompts, the engines are
-   not asked on the request's path any more (a round trip for nothing, which a refusal
-   would wait for); one prompt in `_VERIFY_EVERY` is still checked, in the background,
-   and the first difference sends sizing back to the engines.
+- "local": exact, by the configured tokenizer.json (`local`), or because the prompt is
+  token IDs; low = high = tokens;
+- "engine": an engine's own count (its tokenize endpoint, `remote`), cached by prompt
+  from an earlier answer; low = high = tokens;
+- "calibrated": the simulator's tokenizer (`local`), corrected by what the engines' counts
+  have shown, with the interval those counts fell in (`calibration`); exact for
+  `narwhal sim` engines, whose counts are the estimate's, so low = high there;
+- "estimate": the same estimate uncorrected and without bounds, in `open` admission, where
+  the count decides nothing.
+
+Admission acts on `tokens` at once when its decision is the same at `low` and at `high`
+(`sizing.bounds`); only when it is not does it call `engine_count`, which waits for an
+engine's count at most a bounded time ("engine"; on timeout or failure the size as it was,
+marked "fallback"; at once so while the engines' recent answers have come later than the
+wait allows). What the engines answer, in time or later, and their
+`usage.prompt_tokens` after a request, teach the calibration; so does one estimated prompt
+in `_SAMPLE_EVERY`, sent to an engine off the request's path (every one long enough to
+teach the bounds, one at a time, until they are learned).
 
 Chat prompts count the chat template: exactly by the engine and for the sim's template,
 as a per-message allowance with a configured tokenizer.json.
@@ -21,36 +31,52 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import dataclasses
+from collections.abc import Coroutine
 from dataclasses import dataclass
-from typing import Final, Literal
+from typing import Any, Final, Literal
 
 from narwhal.protocol.requests import CompletionRequest, Route
-from narwhal.sizing.calibration import EstimateCalibration
+from narwhal.sizing.calibration import MIN_INTERVAL_TOKENS, EstimateCalibration
 from narwhal.sizing.local import PromptSizer, load_sizer, token_id_count
 from narwhal.sizing.remote import EngineTokenizer, TokenizeCandidate, TokenizeQuery, make_query
 
-Source = Literal["tokenizer", "engine", "estimate"]
-SOURCES: Final[tuple[Source, ...]] = ("tokenizer", "engine", "estimate")
+Source = Literal["local", "engine", "calibrated", "fallback", "estimate"]
+SOURCES: Final[tuple[Source, ...]] = ("local", "engine", "calibrated", "fallback", "estimate")
 # Tokenizing a longer body takes milliseconds (about 40 ms a megabyte here): in pieces,
 # yielding to the loop between them, so no other stream stalls meanwhile.
 _SIZE_INLINE_BYTES: Final = 64 * 1024
 # The engine's answer lists every token ID, about two bytes per prompt character, so a
 # larger body's answer would pass the 1 MiB cap on answers anyway: not asked.
 _ENGINE_MAX_BODY_BYTES: Final = 256 * 1024
-# Once the estimate is known to be exact, one prompt in this many is still checked.
-_VERIFY_EVERY: Final = 64
+# Once the bounds are learned, one estimated prompt in this many is still sent to an
+# engine, in the background, so they follow a change that no admitted request shows.
+_SAMPLE_EVERY: Final = 64
 
 
 @dataclass(frozen=True, slots=True)
 class PromptSize:
     tokens: int
+    low: int
+    high: int
     source: Source
     # The text estimate before calibration, when one was made: what calibration learns from.
     estimated: int | None = None
+    # What to ask an engine for its count (None: the prompt is not to be sent).
+    query: TokenizeQuery | None = dataclasses.field(default=None, compare=False, repr=False)
+
+    @classmethod
+    def exact(cls, tokens: int, source: Source, estimated: int | None = None) -> PromptSize:
+        return cls(tokens, tokens, tokens, source, estimated)
+
+    @property
+    def settled(self) -> bool:
+        """Whether the count is known exactly (as far as sizing can know it)."""
+        return self.low == self.high
 
 
 class WorkloadSizer:
-    """The front's one sizing call per request.
+    """The front's one sizing call per request, and the bounded wait for an engine's count.
 
     `use_engine=False` is local sizing exactly as before, value for value: no tokenize
     calls and no calibration. The router enables it in predictive admission without a
@@ -69,10 +95,16 @@ class WorkloadSizer:
         self._remote = remote if use_engine else None
         self._use_engine = use_engine
         self._calibration = calibration if calibration is not None else EstimateCalibration()
-        self.sizes: collections.Counter[Source] = collections.Counter()
-        self._since_verified = 0
-        self._verifying = False
-        self._tasks: set[asyncio.Task[None]] = set()
+        # Requests by the source of the size their admission acted on (`count`).
+        self.sizes: collections.Counter[Source] = collections.Counter({s: 0 for s in SOURCES})
+        self._since_sampled = 0
+        self._sampling = False
+        self._tasks: set[asyncio.Task[Any]] = set()
+
+    @property
+    def calibrating(self) -> bool:
+        """Whether estimates are calibrated and bounded (predictive, no tokenizer.json)."""
+        return self._use_engine and not self._local.exact
 
     def attach_remote(self, remote: EngineTokenizer) -> None:
         """The engine tokenizer, once its session exists (the router's start-up)."""
@@ -80,21 +112,71 @@ class WorkloadSizer:
             self._remote = remote
 
     async def size(self, request: CompletionRequest, body_bytes: int) -> PromptSize:
-        size = await self._size(request, body_bytes)
+        """The prompt's size, from this process alone (a cached engine count at most)."""
+        exact = token_id_count(request)
+        if exact is not None:
+            return PromptSize.exact(exact, "local")
+        if self._local.exact:
+            return PromptSize.exact(await self._count_here(request, body_bytes), "local")
+        if not self._use_engine:
+            estimated = await self._count_here(request, body_bytes)
+            return PromptSize.exact(estimated, "estimate", estimated)
+        remote = self._remote
+        query = None
+        if remote is not None and body_bytes <= _ENGINE_MAX_BODY_BYTES:
+            query = make_query(request)
+            hit = None if query is None else remote.cached(query)
+            if hit is not None:
+                return PromptSize.exact(hit, "engine")
+        estimated = await self._count_here(request, body_bytes)
+        route = request.route
+        tokens, low, high = self._calibration.interval(route, estimated)
+        if query is not None:
+            self._sample_now_and_then(route, query, estimated)
+        return PromptSize(tokens, low, high, "calibrated", estimated, query)
+
+    async def engine_count(self, route: Route, size: PromptSize, wait_s: float) -> PromptSize:
+        """An engine's count of a calibrated prompt, if one answers within `wait_s`; else
+        `size` as it is, marked "fallback". An answer that comes later still teaches the
+        calibration and fills the cache; a cancelled wait leaves the call running too."""
+        fallback = dataclasses.replace(size, source="fallback")
+        remote, query, estimated = self._remote, size.query, size.estimated
+        if remote is None or query is None or estimated is None or wait_s <= 0:
+            return fallback
+        latency = remote.latency_s
+        if latency is not None and latency > wait_s:
+            # The engines' answers come later than the wait allows (an engine busy with a
+            # burst): waiting would only delay the decision. Sampling in the background
+            # finds out when they are quick again.
+            self._sample(remote, route, query, estimated)
+            return fallback
+        task = self._spawn(self._ask(remote, route, query, estimated))
+        done, _ = await asyncio.wait((task,), timeout=wait_s)
+        count = task.result() if done else None
+        if count is None:
+            return fallback
+        return PromptSize.exact(count, "engine", estimated)
+
+    def count(self, size: PromptSize) -> None:
+        """One request's admission acted on `size` (narwhal_prompt_sizing_total)."""
         self.sizes[size.source] += 1
-        return size
 
     def observe_engine_prompt_tokens(
         self, route: Route, size: PromptSize, engine_count: int
     ) -> None:
         """After a request: the engine's `usage.prompt_tokens` for a prompt sized as `size`.
-        Only estimates teach the calibration; exact counts have nothing to correct."""
-        if self._use_engine and size.source == "estimate" and size.estimated is not None:
+        Only estimates teach the calibration; exact counts have nothing to correct, and an
+        engine's answer to tokenize has taught it already."""
+        if size.source in ("calibrated", "fallback") and size.estimated is not None:
             self._calibration.observe(route, size.estimated, engine_count)
 
     def calibration(self, route: Route) -> float:
         """The factor applied to the route's estimates now (1.0 until engines have answered)."""
         return self._calibration.ratio(route)
+
+    def bounds(self, route: Route) -> tuple[float, float]:
+        """The ratio interval the engines' count is expected in, times the estimate."""
+        return self._calibration.bounds(route)
 
     def stats(self) -> dict[str, int]:
         stats = {f"sized_{source}": self.sizes[source] for source in SOURCES}
@@ -102,61 +184,47 @@ class WorkloadSizer:
             stats.update({f"tokenize_{k}": v for k, v in self._remote.stats().items()})
         return stats
 
-    async def _size(self, request: CompletionRequest, body_bytes: int) -> PromptSize:
-        exact = token_id_count(request)
-        if exact is not None:
-            return PromptSize(exact, "tokenizer")
-        if self._local.exact:
-            return PromptSize(await self._count_here(request, body_bytes), "tokenizer")
-        remote = self._remote
-        if remote is not None and self._calibration.exact(request.route):
-            # The estimate has been the engines' count exactly: use it, and check now and
-            # then, off the request's path, that it still is.
-            estimated = await self._count_here(request, body_bytes)
-            self._verify_now_and_then(request, body_bytes, estimated)
-            return PromptSize(estimated, "estimate", estimated)
-        query = None
-        if remote is not None and body_bytes <= _ENGINE_MAX_BODY_BYTES:
-            query = make_query(request)
-            hit = None if query is None else remote.cached(query)
-            if hit is not None:
-                return PromptSize(hit, "engine")
-        estimated = await self._count_here(request, body_bytes)
-        if remote is not None and query is not None:
-            count = await remote.fetch(query)
-            if count is not None:
-                self._calibration.observe(request.route, estimated, count)
-                return PromptSize(count, "engine", estimated)
-        tokens = (
-            self._calibration.apply(request.route, estimated) if self._use_engine else estimated
+    def _sample_now_and_then(self, route: Route, query: TokenizeQuery, estimated: int) -> None:
+        self._since_sampled += 1
+        calibration = self._calibration
+        # Only prompts the bounds learn from are worth a call each while they are learned.
+        learning = (
+            estimated >= MIN_INTERVAL_TOKENS
+            and calibration.samples(route) < calibration.min_samples
         )
-        return PromptSize(tokens, "estimate", estimated)
+        if self._sampling or not (learning or self._since_sampled >= _SAMPLE_EVERY):
+            return
+        remote = self._remote
+        assert remote is not None, "a query is made only with an engine tokenizer"
+        self._sample(remote, route, query, estimated)
 
-    def _verify_now_and_then(
-        self, request: CompletionRequest, body_bytes: int, estimated: int
+    def _sample(
+        self, remote: EngineTokenizer, route: Route, query: TokenizeQuery, estimated: int
     ) -> None:
-        self._since_verified += 1
-        if self._since_verified < _VERIFY_EVERY or self._verifying or self._remote is None:
+        """Ask an engine in the background, one call at a time."""
+        if self._sampling:
             return
-        if body_bytes > _ENGINE_MAX_BODY_BYTES:
-            return
-        query = make_query(request)
-        if query is None:
-            return
-        self._since_verified = 0
-        self._verifying = True
-        task = asyncio.get_running_loop().create_task(self._verify(request.route, query, estimated))
+        self._since_sampled = 0
+        self._sampling = True
+        task = self._spawn(self._ask(remote, route, query, estimated))
+        task.add_done_callback(self._sampled)
+
+    def _sampled(self, _: asyncio.Task[Any]) -> None:
+        self._sampling = False
+
+    async def _ask(
+        self, remote: EngineTokenizer, route: Route, query: TokenizeQuery, estimated: int
+    ) -> int | None:
+        count = await remote.fetch(query)
+        if count is not None:
+            self._calibration.observe(route, estimated, count)
+        return count
+
+    def _spawn(self, work: Coroutine[Any, Any, int | None]) -> asyncio.Task[int | None]:
+        task = asyncio.get_running_loop().create_task(work)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
-
-    async def _verify(self, route: Route, query: TokenizeQuery, estimated: int) -> None:
-        try:
-            assert self._remote is not None
-            count = await self._remote.fetch(query)
-            if count is not None:
-                self._calibration.observe(route, estimated, count)
-        finally:
-            self._verifying = False
+        return task
 
     async def _count_here(self, request: CompletionRequest, body_bytes: int) -> int:
         if body_bytes > _SIZE_INLINE_BYTES:

@@ -22,6 +22,8 @@ the engine fetch and process it just to count it).
 
 Every call is bounded: at most `max_in_flight` at once (past that the caller falls back at
 once rather than queue behind a busy engine), `timeout_s` each, answers of at most 1 MiB.
+How long the calls take (answered or timed out) is followed (`latency_s`), so a caller
+that can wait only so long knows when waiting is in vain.
 An engine that answers 404 or 405 has no endpoint: it is not asked again for
 `recheck_after_s`. Any failure is counted by kind and gives None; nothing here raises into
 the request path except cancellation.
@@ -54,6 +56,8 @@ _TEMPLATE_FIELDS: Final = ("tools", "chat_template_kwargs", "continue_final_mess
 _MAX_ANSWER_BYTES: Final = 1 << 20
 _ABSENT_STATUSES: Final = frozenset({404, 405})
 _HEADERS: Final = {"Content-Type": "application/json"}
+# Each call's weight in `latency_s`: it follows an engine that slows down within a few calls.
+_LATENCY_WEIGHT: Final = 0.3
 
 FailureKind = Literal[
     "busy", "absent", "timeout", "unreachable", "status", "too_large", "bad_answer", "error"
@@ -159,6 +163,8 @@ class EngineTokenizer:
         self._cache = CountCache(cache_size)
         self._recheck_after_s = recheck_after_s
         self._clock = clock
+        # Exponentially weighted seconds per call that reached an engine; None until one did.
+        self.latency_s: float | None = None
         # engine name -> when to ask it again; one entry per engine ever marked, at most.
         self._absent_until: dict[str, float] = {}
         self._turn = itertools.count()
@@ -198,7 +204,9 @@ class EngineTokenizer:
             if engine is None:
                 self.no_engine += 1
                 return None
+            started = self._clock()
             count = await self._ask(engine, query)
+            self._took(self._clock() - started)
         except Exception:
             log.exception("tokenize call failed unexpectedly")
             self.failures["error"] += 1
@@ -210,6 +218,10 @@ class EngineTokenizer:
         self.answered += 1
         self._cache.put(query.key, count)
         return query.fixed + count
+
+    def _took(self, seconds: float) -> None:
+        last = self.latency_s
+        self.latency_s = seconds if last is None else last + _LATENCY_WEIGHT * (seconds - last)
 
     def stats(self) -> dict[str, int]:
         stats = {
