@@ -40,7 +40,7 @@ from narwhal.protocol.tracker import OutputTracker
 from narwhal.scheduler.learning import PlacementLearning
 from narwhal.scheduler.placement import PlacementRequest
 from narwhal.scheduler.predictive import ProjectingScorer
-from narwhal.scheduler.registry import EngineEntry, EngineRegistry
+from narwhal.scheduler.registry import EngineRegistry
 from narwhal.scheduler.scheduler import Scheduler
 from narwhal.sim import model as sim_model
 from narwhal.sim.options import SimOptions
@@ -103,7 +103,7 @@ def poisson(
 
 def _log_uniform(rng: random.Random, bounds: tuple[int, int]) -> int:
     low, high = bounds
-    return int(round(math.exp(rng.uniform(math.log(low), math.log(high)))))
+    return round(math.exp(rng.uniform(math.log(low), math.log(high))))
 
 
 @dataclass(slots=True)
@@ -224,9 +224,7 @@ class ClosedLoop:
                 self._step_done(*event.payload)
             elif event.kind == "scrape":
                 self._scrape()
-                if any(r.outcome == "pending" for r in self._records.values()) or (
-                    self.now < last
-                ):
+                if any(r.outcome == "pending" for r in self._records.values()) or (self.now < last):
                     self._push(self.now + SCRAPE_EVERY_S, "scrape", None)
         return records
 
@@ -403,8 +401,7 @@ def summarize(records: Sequence[Record], budget: float, seconds: float) -> Summa
         rejected=sum(r.outcome == "rejected" for r in records),
         within=sum(t <= budget for t in ttfts),
         over_bound=sum(
-            (r.ttft if r.ttft is not None else math.inf) > (r.checked_upper or 0.0)
-            for r in bounded
+            (r.ttft if r.ttft is not None else math.inf) > (r.checked_upper or 0.0) for r in bounded
         ),
         bounded=len(bounded),
         ttft_p50=_quantile(ttfts, 0.5),

@@ -80,6 +80,7 @@ class PredictiveCheck:
                 return None
             return self._best(prefills, request, now, queued, step)
         return self._best(registry.candidates("both"), request, now, queued, 0.0)
+
     def check(
         self, request: PlacementRequest, *, arrived: float, now: float, queued: int
     ) -> Projection | None:
