@@ -114,6 +114,25 @@ def chat_body(content: str, **extra: Any) -> dict[str, Any]:
     return {"model": "narwhal-sim", "messages": [{"role": "user", "content": content}], **extra}
 
 
+async def timed_stream(
+    http: aiohttp.ClientSession, url: str, body: dict[str, Any]
+) -> tuple[float, list[float]]:
+    """(TTFT, arrival time of each content event) as the client sees them."""
+    started = time.monotonic()
+    arrivals: list[float] = []
+    buffer = b""
+    async with http.post(f"{url}/v1/chat/completions", json=body) as response:
+        assert response.status == 200
+        async for chunk in response.content.iter_any():
+            now = time.monotonic()
+            buffer += chunk
+            *events, buffer = buffer.split(b"\n\n")
+            arrivals += [
+                now for event in events if b'"content":"' in event and b"role" not in event
+            ]
+    return arrivals[0] - started, arrivals
+
+
 # -- sims as real processes -------------------------------------------------------------
 @dataclass
 class SimProcess:

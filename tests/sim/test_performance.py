@@ -13,28 +13,9 @@ from typing import Any
 
 import aiohttp
 
-from .conftest import chat_body, post_json
+from .conftest import chat_body, post_json, timed_stream
 
 LONG_PROMPT = "the quick brown fox jumps over the lazy dog " * 400  # ~3600 tokens
-
-
-async def _timed_stream(
-    http: aiohttp.ClientSession, url: str, body: dict[str, Any]
-) -> tuple[float, list[float]]:
-    """(TTFT, arrival time of each content event) as the client sees them."""
-    started = time.monotonic()
-    arrivals: list[float] = []
-    buffer = b""
-    async with http.post(f"{url}/v1/chat/completions", json=body) as response:
-        assert response.status == 200
-        async for chunk in response.content.iter_any():
-            now = time.monotonic()
-            buffer += chunk
-            *events, buffer = buffer.split(b"\n\n")
-            arrivals += [
-                now for event in events if b'"content":"' in event and b"role" not in event
-            ]
-    return arrivals[0] - started, arrivals
 
 
 def _tpot(arrivals: list[float]) -> float:
@@ -44,8 +25,8 @@ def _tpot(arrivals: list[float]) -> float:
 async def test_ttft_grows_with_prompt_length(sim_factory: Any, http: aiohttp.ClientSession) -> None:
     sim = await sim_factory(time_scale=1.0, prefill_tokens_per_s=10_000.0)  # long: ~0.36 s
     body = {"stream": True, "max_tokens": 2}
-    short, _ = await _timed_stream(http, sim.url, chat_body("hi", **body))
-    long, _ = await _timed_stream(http, sim.url, chat_body(LONG_PROMPT, **body))
+    short, _ = await timed_stream(http, sim.url, chat_body("hi", **body))
+    long, _ = await timed_stream(http, sim.url, chat_body(LONG_PROMPT, **body))
     assert long > 3 * short
     assert long > 0.3  # the model's 0.36 s at least, whatever the machine
 
@@ -56,7 +37,7 @@ async def test_ttft_grows_with_queue_depth(sim_factory: Any, http: aiohttp.Clien
     )  # each prompt ~0.18 s of prefill, one per step
     # Distinct openings: identical prompts would share their cached prefix.
     bodies = [chat_body(f"{i} {LONG_PROMPT}", stream=True, max_tokens=2) for i in range(4)]
-    results = await asyncio.gather(*(_timed_stream(http, sim.url, body) for body in bodies))
+    results = await asyncio.gather(*(timed_stream(http, sim.url, body) for body in bodies))
     ttfts = sorted(ttft for ttft, _ in results)
     # Queued one after another, the last waits for three other prefills (~0.54 s more
     # than the first). A difference, not a ratio: a hiccup that slows the first request
@@ -69,8 +50,8 @@ async def test_tpot_grows_with_running_sequences(
 ) -> None:
     sim = await sim_factory(time_scale=1.0, decode_base_ms=4.0, decode_per_seq_ms=1.0)
     body = chat_body("go", stream=True, max_tokens=12, ignore_eos=True)
-    _, alone = await _timed_stream(http, sim.url, body)  # 5 ms per token
-    crowd = await asyncio.gather(*(_timed_stream(http, sim.url, body) for _ in range(48)))
+    _, alone = await timed_stream(http, sim.url, body)  # 5 ms per token
+    crowd = await asyncio.gather(*(timed_stream(http, sim.url, body) for _ in range(48)))
     crowded = sorted(_tpot(arrivals) for _, arrivals in crowd)[len(crowd) // 2]  # ~52 ms
     assert crowded > 3 * _tpot(alone)
 
@@ -125,6 +106,6 @@ async def test_drift_slows_decoding(sim_factory: Any, http: aiohttp.ClientSessio
         time_scale=1.0, decode_base_ms=5.0, decode_per_seq_ms=0.0, drift_after_s=0.0,
         drift_factor=6.0,
     )  # fmt: skip
-    _, fast = await _timed_stream(http, plain.url, body)
-    _, slow = await _timed_stream(http, drifted.url, body)
+    _, fast = await timed_stream(http, plain.url, body)
+    _, slow = await timed_stream(http, drifted.url, body)
     assert _tpot(slow) > 2.5 * _tpot(fast)

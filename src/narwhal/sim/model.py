@@ -22,16 +22,24 @@ The rules follow vLLM's V1 scheduler closely enough for a router to learn from:
   preemption does. A block is registered in the cache as soon as the step that fills
   it is scheduled, as vLLM does, so even a request admitted in the same step can share it;
 - the step that completes a prefill samples that sequence's next token.
+
+Those are the `chunked` discipline's rules; `--prefill-discipline` picks another row of
+`narwhal.sim.discipline.DISCIPLINES` (one prompt at a time, SGLang's prefill-first
+batches, one request at a time), which changes only how a step is filled: what is
+charged, cached, preempted and reported stays the same.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any
+from typing import Any, Final
 
+from narwhal.sim.discipline import DISCIPLINES
 from narwhal.sim.options import SimOptions
 from narwhal.sim.prefix_cache import Block, BlockPool, CacheCounters, extend_hashes
+
+_UNBOUNDED: Final = 1 << 62  # the step budget of a discipline that prefills prompts whole
 
 
 class SeqState(Enum):
@@ -137,8 +145,13 @@ class StepResult:
 
 class Scheduler:
     def __init__(self, options: SimOptions, *, drift_at: float | None = None) -> None:
-        self.max_num_seqs = options.max_num_seqs
-        self.max_batched = options.max_num_batched_tokens
+        discipline = DISCIPLINES[options.prefill_discipline]
+        self.max_num_seqs = discipline.max_requests or options.max_num_seqs
+        self.max_batched = options.max_num_batched_tokens if discipline.budgeted else _UNBOUNDED
+        self.decodes_in_budget = discipline.decodes_in_budget
+        self.decodes_stall = discipline.decodes_stall
+        # Never binding when None: a step's prefills are running sequences.
+        self.max_prefills = discipline.prefills_per_step or self.max_num_seqs
         self.block_size = options.block_size
         self.pool = BlockPool(
             options.num_gpu_blocks, options.block_size, caching=options.enable_prefix_caching
@@ -200,20 +213,14 @@ class Scheduler:
 
     # -- the step ----------------------------------------------------------------------
     def schedule(self, now: float) -> Step | None:
-        decodes = [s for s in self.running if s.prefill_left == 0]
-        if decodes:
-            decodes = self._grow(decodes)
-        budget = self.max_batched - len(decodes)
-        prefills: list[tuple[Sequence, int]] = []
-        starts = 0
-        for seq in self.running:
-            if seq.prefill_left and budget > 0:
-                chunk = min(seq.prefill_left, budget)
-                prefills.append((seq, chunk))
-                budget -= chunk
-                self._commit(seq, chunk)
-        if self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
-            budget, starts = self._admit(now, budget, prefills)
+        if self.decodes_stall:
+            # Prefill first: decoding sequences get a step only when no prefill can run.
+            prefills, starts = self._plan_prefills(now, self.max_batched)
+            decodes = [] if prefills else self._decodes()
+        else:
+            decodes = self._decodes()
+            budget = self.max_batched - len(decodes) if self.decodes_in_budget else self.max_batched
+            prefills, starts = self._plan_prefills(now, budget)
         if not decodes and not prefills:
             return None
         decode_s = self.base_s + self.per_seq_s * len(decodes)
@@ -223,6 +230,24 @@ class Scheduler:
         self.prefill_tokens += prefill_tokens
         duration = decode_s + prefill_tokens / self.prefill_rate + self.overhead_s * starts
         return Step(decodes, prefills, duration)
+
+    def _decodes(self) -> list[Sequence]:
+        decodes = [s for s in self.running if s.prefill_left == 0]
+        return self._grow(decodes) if decodes else decodes
+
+    def _plan_prefills(self, now: float, budget: int) -> tuple[list[tuple[Sequence, int]], int]:
+        """This step's prefill chunks: running sequences' first, then admissions."""
+        prefills: list[tuple[Sequence, int]] = []
+        starts = 0
+        for seq in self.running:
+            if seq.prefill_left and budget > 0 and len(prefills) < self.max_prefills:
+                chunk = min(seq.prefill_left, budget)
+                prefills.append((seq, chunk))
+                budget -= chunk
+                self._commit(seq, chunk)
+        if self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
+            budget, starts = self._admit(now, budget, prefills)
+        return prefills, starts
 
     def _grow(self, decodes: list[Sequence]) -> list[Sequence]:
         """Give each decoding sequence room for the token it computes in this step.
@@ -261,6 +286,8 @@ class Scheduler:
         batch_queries = batch_hits = 0
         for seq in self.waiting:
             if len(self.running) >= self.max_num_seqs or budget <= 0:
+                break
+            if len(prefills) >= self.max_prefills:
                 break
             if seq.ready_at > now:
                 continue  # e.g. waiting for remote KV: later arrivals may go first, as in vLLM

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, get_args
 
 from narwhal.protocol.dialects import Dialect
+from narwhal.sim.discipline import PrefillDiscipline
 
 Role = Literal["both", "prefill", "decode"]
 
@@ -51,6 +52,16 @@ class SimOptions:
     )
     max_model_len: int = field(
         default=32768, metadata=_help("context length; prompt + max_tokens above it gets 400")
+    )
+    prefill_discipline: PrefillDiscipline = field(
+        default="chunked",
+        metadata=_help(
+            "how a step is filled: chunked (vLLM V1: decodes and chunked prefills share "
+            "--max-num-batched-tokens), serial (one whole prompt per step, first come first "
+            "served, decodes alongside), sglang (SGLang: prefill batches of up to "
+            "--max-num-batched-tokens run alone, decodes stall meanwhile), sequential (one "
+            "request in the engine at a time, prefill then its whole decode)"
+        ),
     )
     max_num_seqs: int = field(
         default=256, metadata=_help("continuous batching: sequences running at once")
@@ -213,6 +224,8 @@ class SimOptions:
             )
         if self.dialect not in get_args(Dialect):
             raise ValueError(f"unknown dialect {self.dialect!r}")
+        if self.prefill_discipline not in get_args(PrefillDiscipline):
+            raise ValueError(f"unknown prefill_discipline {self.prefill_discipline!r}")
         if self.role not in ("both", "prefill", "decode"):
             raise ValueError(f"unknown role {self.role!r}")
         if self.always:

@@ -134,6 +134,7 @@ class _AuxRoutes:
         pool, size = scheduler.pool, scheduler.block_size
         counters = scheduler.counters
         return _json({"running": scheduler.num_running, "waiting": scheduler.num_waiting,
+                      "prefill_discipline": self.runtime.options.prefill_discipline,
                       # KV in blocks; the *_tokens figures are the same in block-size units
                       "block_size": size, "num_gpu_blocks": pool.num_blocks,
                       "kv_used_blocks": scheduler.used_blocks,
