@@ -49,7 +49,7 @@ class Calibration:
         "quantile",
     )
 
-    def __init__(self, *, additive_s: float, quantile: float = 0.99, prior: float = 1.3) -> None:
+    def __init__(self, *, additive_s: float, quantile: float = 0.995, prior: float = 1.3) -> None:
         if not (additive_s > 0 and 0.5 < quantile < 1 and prior >= 1):
             raise ValueError("need additive_s > 0, 0.5 < quantile < 1 and prior >= 1")
         self.additive_s = additive_s

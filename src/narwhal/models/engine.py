@@ -513,11 +513,11 @@ class EngineModel:
         }
 
 
-def _per_token(profile: Profile) -> tuple[float, float]:
-    """Seconds per prompt token of a 1,000-token prompt's prefill alone, and more per 100
-    sequences decoding, by the profile."""
-    alone = max(MIN_PREFILL_S, dot(profile.prefill, prefill_features(1000, 0.0)))
-    return alone / 1000.0, max(0.0, profile.prefill[3]) / 1000.0
+def _per_token(profile: Profile) -> tuple[float, float, float]:
+    """The throughput fit's prior, by the profile: seconds per prompt token (its slope),
+    more per 100 sequences decoding, and seconds per prompt (its intercept)."""
+    a, b, _, e = profile.prefill
+    return max(MIN_PREFILL_S, b) / 1000.0, max(0.0, e) / 1000.0, max(0.0, a)
 
 
 def _clipped(measured: float, expected: float) -> float:

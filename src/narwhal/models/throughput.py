@@ -5,19 +5,21 @@ time, prefill batches that stall decoding, no continuous batching at all), the p
 Narwhal places on it are cleared in roughly the order they were placed, and a prompt's
 first token cannot come before the prompt tokens ahead of it have been prefilled. So
 
-    TTFT(n) >= (tokens still ahead + n) x seconds per prompt token
+    TTFT(n) >= (tokens still ahead + n) x seconds per prompt token + the prompts' own costs
 
 where the seconds per prompt token are what the engine spends *while it has Narwhal's
 prefills waiting* (its busy time), and are measured rather than derived from any
 scheduler's rules. They grow with the sequences decoding there (decode steps share the
-engine with prefill, or stall it), so they are fitted as
+engine with prefill, or stall it), and an engine that prefills one prompt a step pays a
+step's fixed cost per prompt, so the busy time is fitted as
 
-    seconds per token = alpha + beta x decoding / 100
+    seconds = tokens x (alpha + beta x decoding / 100) + prompts x gamma
 
 by least squares over the busy intervals between first tokens (each: the busy seconds
-since the last one, the prompt tokens that finished, the mean decode batch meanwhile),
-decayed with busy time (`_TAU_S`) and anchored to a prior worth `_PRIOR_S` seconds (the
-profile's prefill alone for alpha; beta from the profile's load slope, weakly held).
+since the last one, the prompts and their tokens that finished, the mean decode batch
+meanwhile), decayed with busy time (`_TAU_S`) and anchored to a prior worth `_PRIOR_S`
+seconds (the profile's prefill alone for alpha, its intercept for gamma, its load slope
+for beta; gamma and beta weakly held).
 
 The work ahead of a new prompt will be decoding by the time it prefills, so a projection
 prices its tokens at the decode batch of now plus the prompts ahead of it (capped by the
@@ -45,7 +47,7 @@ from typing import Final
 
 _TAU_S: Final = 4.0  # seconds of busy time: how fast the fit follows the engine
 _PRIOR_S: Final = 0.5  # the prior's weight, in busy seconds
-_BETA_STRENGTH: Final = 0.05  # the load slope's prior weight, relative to alpha's
+_WEAK: Final = 0.05  # the load slope's and per-prompt cost's prior weight, against alpha's
 _MAX_SECONDS_PER_TOKEN: Final = 1.0  # a stalled engine stays finite
 
 
@@ -53,6 +55,7 @@ _MAX_SECONDS_PER_TOKEN: Final = 1.0  # a stalled engine stays finite
 class PrefillThroughput:
     alpha_prior: float  # seconds per prompt token, nothing decoding (the profile)
     beta_prior: float = 0.0  # more seconds per token per 100 sequences decoding
+    gamma_prior: float = 0.0  # seconds per prompt whatever its length
     max_sequences: int = 256
     _waiting: dict[object, int] = field(default_factory=dict)  # placement order
     _waiting_tokens: int = 0
@@ -62,23 +65,27 @@ class PrefillThroughput:
     _interval_s: float = 0.0  # busy seconds since the last first token
     _decoding_s: float = 0.0  # their integral of the decode batch (sequence-seconds)
     _decoding: float = 0.0  # the decode batch at the last event
-    # Decayed normal equations of  seconds = tokens * alpha + tokens * d * beta.
-    _sxx: list[float] = field(default_factory=lambda: [0.0, 0.0, 0.0])  # 11, 12, 22
-    _sxy: list[float] = field(default_factory=lambda: [0.0, 0.0])
+    _finished: int = 0  # prompts finished in the interval
+    # Decayed normal equations of  seconds = tokens*alpha + tokens*d*beta + prompts*gamma.
+    _sxx: list[list[float]] = field(default_factory=lambda: _zeros(3, 3))
+    _sxy: list[float] = field(default_factory=lambda: [0.0, 0.0, 0.0])
     _weight: float = 0.0  # decayed busy seconds the sums hold
-    _theta: tuple[float, float] = (0.0, 0.0)
+    _theta: tuple[float, float, float] = (0.0, 0.0, 0.0)
+    _last_sample: tuple[float, float] | None = None  # (seconds, decoding) of the last one
+    _last_x: tuple[float, float, float] = (0.0, 0.0, 0.0)
 
     def __post_init__(self) -> None:
-        self._theta = (self.alpha_prior, self.beta_prior)
+        self._theta = (self.alpha_prior, self.beta_prior, self.gamma_prior)
 
-    def reset(self, alpha_prior: float, beta_prior: float) -> None:
+    def reset(self, alpha_prior: float, beta_prior: float, gamma_prior: float) -> None:
         """A new baseline (a profile): what was learned goes, what waits stays."""
         self.alpha_prior = alpha_prior
         self.beta_prior = beta_prior
-        self._sxx = [0.0, 0.0, 0.0]
-        self._sxy = [0.0, 0.0]
+        self.gamma_prior = gamma_prior
+        self._sxx = _zeros(3, 3)
+        self._sxy = [0.0, 0.0, 0.0]
         self._weight = 0.0
-        self._theta = (alpha_prior, beta_prior)
+        self._theta = (alpha_prior, beta_prior, gamma_prior)
 
     # --- what happened ------------------------------------------------------------------------
 
@@ -104,7 +111,11 @@ class PrefillThroughput:
         self._done += tokens
         if self._interval_s > 0:
             self._learn(tokens, self._interval_s, self._decoding_s / self._interval_s)
-        self._interval_s = self._decoding_s = 0.0
+            self._interval_s = self._decoding_s = 0.0
+        else:
+            # One step's other first tokens, at the same instant: the step's interval was
+            # counted with the first of them; their tokens belong to it as well.
+            self._learn_more(tokens)
         if not self._waiting:
             self._busy_since = None
 
@@ -129,42 +140,63 @@ class PrefillThroughput:
 
     def _learn(self, tokens: int, seconds: float, decoding: float) -> None:
         keep = math.exp(-seconds / _TAU_S)
-        x1 = float(tokens)
-        x2 = tokens * decoding / 100.0
-        # Each interval weighs by 1 / its length, so that in the sums it counts as the
-        # busy seconds it lasted (seconds^2 / seconds): long intervals count for their time.
-        w = 1.0 / seconds
-        sxx, sxy = self._sxx, self._sxy
-        sxx[0] = sxx[0] * keep + w * x1 * x1
-        sxx[1] = sxx[1] * keep + w * x1 * x2
-        sxx[2] = sxx[2] * keep + w * x2 * x2
-        sxy[0] = sxy[0] * keep + w * x1 * seconds
-        sxy[1] = sxy[1] * keep + w * x2 * seconds
+        self._last_sample = (seconds, decoding)
+        self._add(keep, (float(tokens), tokens * decoding / 100.0, 1.0), seconds)
         self._weight = self._weight * keep + seconds
         self._solve()
 
-    def _solve(self) -> None:
-        # The prior as pseudo-observations worth _PRIOR_S busy seconds at the prior's
-        # slope: its weight per coefficient is that time over the seconds one token takes.
-        a0, b0 = self.alpha_prior, self.beta_prior
-        k1 = _PRIOR_S / max(a0, 1e-9) ** 2
-        k2 = k1 * _BETA_STRENGTH
-        sxx, sxy = self._sxx, self._sxy
-        m11, m12, m22 = sxx[0] + k1, sxx[1], sxx[2] + k2
-        v1, v2 = sxy[0] + k1 * a0, sxy[1] + k2 * b0
-        det = m11 * m22 - m12 * m12
-        if det <= 0:
+    def _learn_more(self, tokens: int) -> None:
+        """Another prompt finished with the last one: the last sample held its tokens too.
+        Taken back and added again with them (the sums are linear)."""
+        last = self._last_sample
+        if last is None:
             return
-        alpha = (v1 * m22 - m12 * v2) / det
-        beta = (m11 * v2 - m12 * v1) / det
+        seconds, decoding = last
+        prev = self._last_x
+        self._add(1.0, prev, seconds, sign=-1.0)
+        x = (prev[0] + tokens, prev[1] + tokens * decoding / 100.0, prev[2] + 1.0)
+        self._add(1.0, x, seconds)
+        self._solve()
+
+    def _add(
+        self, keep: float, x: tuple[float, float, float], seconds: float, sign: float = 1.0
+    ) -> None:
+        # Each interval weighs by 1 / its length, so that in the sums it counts as the
+        # busy seconds it lasted (seconds^2 / seconds): long intervals count for their time.
+        w = sign / seconds
+        sxx, sxy = self._sxx, self._sxy
+        for i in range(3):
+            row = sxx[i]
+            for j in range(3):
+                row[j] = row[j] * keep + w * x[i] * x[j]
+            sxy[i] = sxy[i] * keep + w * x[i] * seconds
+        if sign > 0:
+            self._last_x = x
+
+    def _solve(self) -> None:
+        # The prior as pseudo-observations worth _PRIOR_S busy seconds: a coefficient's
+        # weight is that time over the square of the seconds it stands for.
+        a0, b0, g0 = self.alpha_prior, self.beta_prior, self.gamma_prior
+        k_alpha = _PRIOR_S / max(a0, 1e-9) ** 2
+        k_beta = k_alpha * _WEAK
+        k_gamma = _PRIOR_S / max(g0, a0 * 1000.0, 1e-6) ** 2 * _WEAK
+        m = [row[:] for row in self._sxx]
+        v = self._sxy[:]
+        for i, (k, prior) in enumerate(((k_alpha, a0), (k_beta, b0), (k_gamma, g0))):
+            m[i][i] += k
+            v[i] += k * prior
+        theta = _solve3(m, v)
+        if theta is None:
+            return
+        alpha, beta, gamma = theta
         # A fit that says decoding makes prefill faster, or that a token costs nothing,
         # is noise on too few intervals: the prior's share holds.
-        self._theta = (max(alpha, 0.3 * a0), max(beta, 0.0))
+        self._theta = (max(alpha, 0.3 * a0), max(beta, 0.0), max(gamma, 0.0))
 
     # --- projections --------------------------------------------------------------------------
 
     def seconds_per_token(self, decoding: float) -> float:
-        alpha, beta = self._theta
+        alpha, beta, _ = self._theta
         return min(_MAX_SECONDS_PER_TOKEN, alpha + beta * max(0.0, decoding) / 100.0)
 
     def censored(self, now: float) -> float:
@@ -191,15 +223,39 @@ class PrefillThroughput:
         its tokens and those ahead at the decode batch there will be by then."""
         batch = min(float(self.max_sequences), decoding + len(self._waiting))
         per_token = max(self.seconds_per_token(batch), self.censored(now))
-        return (self.ahead(now) + max(1, tokens)) * per_token
+        prompts = len(self._waiting) + 1
+        return (self.ahead(now) + max(1, tokens)) * per_token + prompts * self._theta[2]
 
     def view(self) -> dict[str, float]:
-        alpha, beta = self._theta
+        alpha, beta, gamma = self._theta
         return {
             "seconds_per_1k_tokens": alpha * 1000.0,
             "per_100_decoding": beta * 1000.0,
+            "per_prompt_s": gamma,
             "busy_s": self._weight,
         }
 
     def __len__(self) -> int:
         return len(self._waiting)
+
+
+def _zeros(rows: int, cols: int) -> list[list[float]]:
+    return [[0.0] * cols for _ in range(rows)]
+
+
+def _solve3(m: list[list[float]], v: list[float]) -> tuple[float, float, float] | None:
+    """Gaussian elimination with partial pivoting (3 x 3); None when singular."""
+    a = [row[:] + [v[i]] for i, row in enumerate(m)]
+    for col in range(3):
+        pivot = max(range(col, 3), key=lambda r: abs(a[r][col]))
+        if abs(a[pivot][col]) < 1e-300:
+            return None
+        a[col], a[pivot] = a[pivot], a[col]
+        for r in range(col + 1, 3):
+            f = a[r][col] / a[col][col]
+            for c in range(col, 4):
+                a[r][c] -= f * a[col][c]
+    x = [0.0, 0.0, 0.0]
+    for r in (2, 1, 0):
+        x[r] = (a[r][3] - sum(a[r][c] * x[c] for c in range(r + 1, 3))) / a[r][r]
+    return x[0], x[1], x[2]
