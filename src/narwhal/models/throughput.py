@@ -245,7 +245,7 @@ def _zeros(rows: int, cols: int) -> list[list[float]]:
 
 def _solve3(m: list[list[float]], v: list[float]) -> tuple[float, float, float] | None:
     """Gaussian elimination with partial pivoting (3 x 3); None when singular."""
-    a = [row[:] + [v[i]] for i, row in enumerate(m)]
+    a = [[*row, v[i]] for i, row in enumerate(m)]
     for col in range(3):
         pivot = max(range(col, 3), key=lambda r: abs(a[r][col]))
         if abs(a[pivot][col]) < 1e-300:
