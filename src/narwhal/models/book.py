@@ -81,9 +81,7 @@ class ModelBook:
 
     @staticmethod
     def _calibration(budget: float) -> Calibration:
-        # Errors much smaller than a tenth of the budget decide nothing: below that the
-        # calibration counts them as differences, above it as ratios.
-        return Calibration(additive_s=max(1e-3, 0.1 * budget))
+        return Calibration(budget_s=max(1e-2, budget))
 
     def remove(self, name: str) -> None:
         self.engines.pop(name, None)

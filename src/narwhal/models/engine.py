@@ -158,7 +158,7 @@ class EngineModel:
         self.lane = PrefillLane()
         self.throughput = PrefillThroughput(*_per_token(DEFAULT_PROFILE), max_sequences)
         # How this engine's projections turn out: the bound admission uses.
-        self.calibration = calibration or Calibration(additive_s=0.1)
+        self.calibration = calibration or Calibration(budget_s=1.0)
         self._rate = _Rate()  # prompt tokens per second placed here for prefill
         self._starts = _Rate()  # prompts per second placed here for prefill
         self._stretched_at = -math.inf  # when prefill last stretched decode steps a lot
@@ -292,9 +292,11 @@ class EngineModel:
         kv_usage: float | None,
     ) -> float:
         costs = self.step_costs(decoding)
-        projected, _ = self.lane.project(prompt_tokens, now, costs, self._rate.value(now))
-        # The lane follows a chunked-prefill scheduler's steps; the rate the engine has
-        # been seen to clear prompts at bounds it from below whatever the scheduler.
+        # The lane follows a chunked-prefill scheduler's steps (with no prompts expected
+        # to join the last one: how many would depends on a step budget that is only
+        # configured, never seen); the rate the engine has been seen to clear prompts at
+        # bounds it from below whatever the scheduler.
+        projected, _ = self.lane.project(prompt_tokens, now, costs, 0.0)
         projected = max(projected, self.throughput.projection(prompt_tokens, now, decoding))
         # Never less than the prompt's own prefill alone.
         alone = self.service(prompt_tokens, decoding)
