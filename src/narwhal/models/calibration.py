@@ -41,7 +41,7 @@ from narwhal.models.histogram import DecayedHistogram
 PRIOR_MARGIN: Final = 1.3  # a new engine's bound, before its projections have been seen
 _CLASSES: Final = (0.2, 0.5)  # class edges, in shares of the budget
 _OWN: Final = 60  # samples from which a class's own distribution is read
-_FIRM: Final = 200  # samples after which a histogram alone says the bound
+_FIRM: Final = 400  # samples after which a histogram alone says the bound
 _REFRESH: Final = 8  # samples between two readings of a histogram's quantiles
 _HALF_LIFE: Final = 1500.0  # samples
 _LOWEST: Final = 0.05

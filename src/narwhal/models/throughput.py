@@ -45,9 +45,9 @@ import math
 from dataclasses import dataclass, field
 from typing import Final
 
-_TAU_S: Final = 4.0  # seconds of busy time: how fast the fit follows the engine
-_PRIOR_S: Final = 0.5  # the prior's weight, in busy seconds
-_WEAK: Final = 0.05  # the load slope's and per-prompt cost's prior weight, against alpha's
+_TAU_S: Final = 5.0  # seconds of busy time: how fast the fit follows the engine
+_PRIOR_S: Final = 0.2  # the prior's weight, in busy seconds
+_WEAK: Final = 0.05  # the load slope's prior weight, against alpha's
 _MAX_SECONDS_PER_TOKEN: Final = 1.0  # a stalled engine stays finite
 
 
@@ -136,7 +136,7 @@ class PrefillThroughput:
                 self._interval_s += elapsed
                 self._decoding_s += elapsed * self._decoding
             self._last = now
-        self._decoding = max(0.0, decoding)
+        self._decoding = decoding if math.isfinite(decoding) and decoding > 0 else 0.0
 
     def _learn(self, tokens: int, seconds: float, decoding: float) -> None:
         keep = math.exp(-seconds / _TAU_S)
@@ -161,9 +161,9 @@ class PrefillThroughput:
     def _add(
         self, keep: float, x: tuple[float, float, float], seconds: float, sign: float = 1.0
     ) -> None:
-        # Each interval weighs by 1 / its length, so that in the sums it counts as the
-        # busy seconds it lasted (seconds^2 / seconds): long intervals count for their time.
-        w = sign / seconds
+        # Each interval weighs by 1 / its tokens: with one feature the fit is then the
+        # ratio of busy seconds to tokens over all intervals, each counting for its tokens.
+        w = sign / max(1.0, x[0])
         sxx, sxy = self._sxx, self._sxy
         for i in range(3):
             row = sxx[i]
@@ -174,12 +174,14 @@ class PrefillThroughput:
             self._last_x = x
 
     def _solve(self) -> None:
-        # The prior as pseudo-observations worth _PRIOR_S busy seconds: a coefficient's
-        # weight is that time over the square of the seconds it stands for.
+        # The prior as pseudo-observations: the tokens the prior rate clears in _PRIOR_S
+        # seconds (at 100 sequences decoding for beta, weakly held), and for gamma the
+        # prompts of 1,000 tokens it clears in that time.
         a0, b0, g0 = self.alpha_prior, self.beta_prior, self.gamma_prior
-        k_alpha = _PRIOR_S / max(a0, 1e-9) ** 2
-        k_beta = k_alpha * _WEAK
-        k_gamma = _PRIOR_S / max(g0, a0 * 1000.0, 1e-6) ** 2 * _WEAK
+        tokens = _PRIOR_S / max(a0, 1e-9)
+        k_alpha = tokens
+        k_beta = tokens * _WEAK
+        k_gamma = _PRIOR_S / (1000.0 * max(a0 * 1000.0 + g0, 1e-6))
         m = [row[:] for row in self._sxx]
         v = self._sxy[:]
         for i, (k, prior) in enumerate(((k_alpha, a0), (k_beta, b0), (k_gamma, g0))):
