@@ -10,7 +10,8 @@ import pytest
 from narwhal.admission.predictive import PredictiveCheck
 from narwhal.config import EngineConfig
 from narwhal.errors import PromptExceedsTtftBudget, TtftBudgetExceeded
-from narwhal.models.book import INITIAL_MARGIN, ModelBook
+from narwhal.models.book import ModelBook
+from narwhal.models.calibration import PRIOR_MARGIN
 from narwhal.models.profile import ProbeSample, fit_profile
 from narwhal.scheduler.placement import PlacementRequest
 from narwhal.scheduler.registry import EngineRegistry
@@ -37,6 +38,18 @@ def fleet(*roles: str, budget: float = 1.0) -> tuple[PredictiveCheck, EngineRegi
     return check, registry, refused
 
 
+def bound(raw: float, budget: float = 1.0) -> float:
+    """A new engine's bound on a projection (its calibration has seen nothing yet)."""
+    s = 0.1 * budget
+    return (raw + s) * PRIOR_MARGIN - s
+
+
+def raw_for(upper: float, budget: float = 1.0) -> float:
+    """The projection whose bound is `upper`."""
+    s = 0.1 * budget
+    return (upper + s) / PRIOR_MARGIN - s
+
+
 def request(prompt_tokens: int) -> PlacementRequest:
     return PlacementRequest.sized("chat", prompt_tokens)
 
@@ -55,13 +68,13 @@ def test_a_prompt_that_fits_an_idle_fleet_is_admitted_with_its_projection() -> N
     projection = check.check(request(1000), arrived=0.0, now=0.0, queued=0)
     assert projection is not None
     assert projection.raw == pytest.approx(A + B)
-    assert projection.upper == pytest.approx((A + B) * INITIAL_MARGIN)
+    assert projection.upper == pytest.approx(bound(A + B))
     assert not refused
 
 
 def test_prompt_alone_over_the_budget_is_429_prompt_exceeds_ttft_budget() -> None:
     check, _, refused = fleet("both", budget=1.0)
-    # 16,000 tokens: 0.81 s alone, 1.01 s as projections turn out (x1.25): over 1 s.
+    # 16,000 tokens: 0.81 s alone, 1.02 s as a new engine's bound says: over 1 s.
     with pytest.raises(PromptExceedsTtftBudget) as info:
         check.check(request(16_000), arrived=0.0, now=0.0, queued=0)
     error = info.value
@@ -82,8 +95,8 @@ def test_projection_over_the_budget_is_429_with_the_rounded_overrun(
 ) -> None:
     check, registry, refused = fleet("both", "both", budget=1.0)
     raw = A + B  # the prompt's own prefill
-    # Backlog on both engines such that upper = (backlog + raw) x margin = budget + overrun.
-    ahead = (1.0 + overrun) / INITIAL_MARGIN - raw
+    # Backlog on both engines such that the bound on backlog + raw is budget + overrun.
+    ahead = raw_for(1.0 + overrun) - raw
     backlog(registry, "e0", ahead)
     backlog(registry, "e1", ahead + 5.0)
     with pytest.raises(TtftBudgetExceeded) as info:
@@ -98,7 +111,7 @@ def test_projection_over_the_budget_is_429_with_the_rounded_overrun(
 
 def test_time_already_spent_counts_against_the_budget() -> None:
     check, registry, _ = fleet("both", budget=1.0)
-    backlog(registry, "e0", 0.5)  # upper = (0.5 + 0.06) x 1.25 = 0.7
+    backlog(registry, "e0", 0.45)  # upper = (0.45 + 0.06 + 0.1) x 1.3 - 0.1 = 0.69
     assert check.check(request(1000), arrived=-0.25, now=0.0, queued=0) is not None
     with pytest.raises(TtftBudgetExceeded):  # sizing took 0.35 s: 0.65 s are left
         check.check(request(1000), arrived=-0.35, now=0.0, queued=0)

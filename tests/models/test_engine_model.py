@@ -83,7 +83,7 @@ def test_absurd_samples_stay_finite_and_the_model_recovers() -> None:
         model.observe_first_step(1000, bad)
     for key in ("x", "y"):
         model.prefill_placed(key, 1000, 0.0, 700.0)
-        model.prefill_dropped(key)
+        model.prefill_dropped(key, 700.0)
     assert math.isfinite(model.service(1000, 0.0)) and model.service(1000, 0.0) > 0
     assert math.isfinite(model.tpot(10.0, 700.0)) and model.backlog(700.0) == 0.0
     now = serve_alone(model, [1000] * 300, speed=1.0, start=800.0)

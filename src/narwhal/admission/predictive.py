@@ -70,31 +70,21 @@ class PredictiveCheck:
         self._refused = refused
 
     def project(self, request: PlacementRequest, now: float, queued: int) -> Projection | None:
-        """The best projection over the eligible paths; None when there is none."""
+        """The best projection over the eligible paths (the one with the lowest bound);
+        None when there is none."""
         registry = self._registry
         prefills = registry.candidates("prefill")
         decodes = registry.candidates("decode")
         if prefills and decodes:
-            first = self._best(prefills, request, now)
             # The decode half adds its KV transfer and first step; the fastest one counts.
             step = min(
                 (e.model.first_step(request.prompt_tokens) for e in decodes if e.model),
                 default=math.inf,
             )
-            if first is None or math.isinf(step):
+            if math.isinf(step):
                 return None
-            raw, solo, mean = first[0] + step, first[1] + step, first[2]
-            paths = len(prefills)
-        else:
-            both = self._best(registry.candidates("both"), request, now)
-            if both is None:
-                return None
-            raw, solo, mean = both
-            paths = len(registry.candidates("both"))
-        if queued:
-            raw += queued * mean / paths
-        book = self._book
-        return Projection(raw, solo, book.expected(raw), book.upper(raw))
+            return self._best(prefills, request, now, queued, step)
+        return self._best(registry.candidates("both"), request, now, queued, 0.0)
 
     def verdict(
         self, request: PlacementRequest, *, arrived: float, now: float, queued: int
@@ -106,7 +96,7 @@ class PredictiveCheck:
     def _verdict(self, projection: Projection | None, arrived: float, now: float) -> Verdict:
         if projection is None:
             return "unmodelled"
-        if self._book.upper(projection.solo) > self.budget:
+        if projection.solo > self.budget:  # already the prompt alone's bound
             return "prompt"
         if projection.upper > self.budget - (now - arrived):
             return "projected"
@@ -146,23 +136,38 @@ class PredictiveCheck:
             self._refused(reason)
 
     def _best(
-        self, entries: list[EngineEntry], request: PlacementRequest, now: float
-    ) -> tuple[float, float, float] | None:
-        """(best projected prefill part, fastest prefill alone, mean prefill alone), each
-        engine pricing only what it would not find in its prefix cache."""
-        best = solo = math.inf
+        self,
+        entries: list[EngineEntry],
+        request: PlacementRequest,
+        now: float,
+        queued: int,
+        decode_part: float,
+    ) -> Projection | None:
+        """The path with the lowest bound, each engine pricing only what it would not find
+        in its prefix cache, bounded by its own calibration. `solo` is the fastest
+        prefill of the prompt alone, bounded the same way but without the lateness of
+        the work in flight (the prompt alone is what the first 429 row is about)."""
+        modelled = []
+        solo = math.inf
         total = 0.0
-        count = 0
         for entry in entries:
             model = entry.model
             if model is None:
                 continue
             tokens = uncached_tokens(self._prefix, entry, request)
-            best = min(best, prefill_part(entry, model, tokens, now))
-            alone = model.solo(tokens)
-            solo = min(solo, alone)
+            alone = model.solo(tokens) + decode_part
+            solo = min(solo, model.calibration.upper(alone))
             total += alone
-            count += 1
-        if not count:
+            modelled.append((entry, model, tokens))
+        if not modelled:
             return None
-        return best, solo, total / count
+        # The queue's wait: the requests queued ahead, each at this prompt's mean prefill
+        # alone, shared over the paths.
+        waiting = queued * (total / len(modelled)) / len(modelled) if queued else 0.0
+        best: Projection | None = None
+        for entry, model, tokens in modelled:
+            raw = prefill_part(entry, model, tokens, now) + decode_part + waiting
+            upper = model.upper(raw, now)
+            if best is None or upper < best.upper:
+                best = Projection(raw, solo, model.expected(raw), upper)
+        return best

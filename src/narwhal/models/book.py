@@ -21,6 +21,7 @@ import math
 from collections.abc import Callable, Iterable, Mapping
 from typing import Final
 
+from narwhal.models.calibration import Calibration
 from narwhal.models.engine import DEFAULT_MAX_SEQUENCES, DEFAULT_STEP_BUDGET, EngineModel
 from narwhal.models.histogram import QuantileTracker
 from narwhal.models.lengths import OutputLengths
@@ -53,6 +54,7 @@ class ModelBook:
                 step_budget=budgets.get(name, DEFAULT_STEP_BUDGET),
                 max_sequences=slots.get(name, DEFAULT_MAX_SEQUENCES),
                 lengths=self.lengths,
+                calibration=self._calibration(ttft_budget_s),
             )
             for name in engines
         }
@@ -69,9 +71,17 @@ class ModelBook:
     def add(self, name: str, *, step_budget: int, max_sequences: int) -> EngineModel:
         """A model for an engine added while running (a reload): unprofiled."""
         model = self.engines[name] = EngineModel(
-            name, step_budget=step_budget, max_sequences=max_sequences, lengths=self.lengths
+            name,
+            step_budget=step_budget,
+            max_sequences=max_sequences,
+            lengths=self.lengths,
+            calibration=self._calibration(self.budget),
         )
         return model
+
+    @staticmethod
+    def _calibration(budget: float) -> Calibration:
+        return Calibration(budget_s=max(1e-2, budget))
 
     def remove(self, name: str) -> None:
         self.engines.pop(name, None)

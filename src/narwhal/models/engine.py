@@ -29,6 +29,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Final, Literal
 
+from narwhal.models.calibration import Calibration
 from narwhal.models.decode import DecodeBook
 from narwhal.models.drift import DriftScore
 from narwhal.models.lane import PrefillLane, StepCosts
@@ -43,6 +44,7 @@ from narwhal.models.profile import (
     tpot_features,
 )
 from narwhal.models.regression import AnchoredLeastSquares
+from narwhal.models.throughput import PrefillThroughput
 
 # Before any profile: an 8B-class model on one modern GPU, roughly.
 DEFAULT_PROFILE: Final = Profile(
@@ -114,6 +116,9 @@ class _Pending:
     features: tuple[float, float, float, float]
     estimate: float
     solo: bool  # nothing ahead of it when placed: its service time is its own
+    placed_at: float
+    projected: float | None  # its TTFT as projected at placement (None: not projected)
+    upper: float  # the bound on that projection, then
 
 
 DEFAULT_STEP_BUDGET: Final = 8192  # vLLM's max_num_batched_tokens on large GPUs
@@ -128,6 +133,7 @@ class EngineModel:
         step_budget: int = DEFAULT_STEP_BUDGET,
         max_sequences: int = DEFAULT_MAX_SEQUENCES,
         lengths: OutputLengths | None = None,
+        calibration: Calibration | None = None,
     ) -> None:
         self.name = name
         self.step_budget = step_budget
@@ -150,6 +156,9 @@ class EngineModel:
         self.prefill_drift = DriftScore()
         self.tpot_drift = DriftScore()
         self.lane = PrefillLane()
+        self.throughput = PrefillThroughput(*_per_token(DEFAULT_PROFILE), max_sequences)
+        # How this engine's projections turn out: the bound admission uses.
+        self.calibration = calibration or Calibration(budget_s=1.0)
         self._rate = _Rate()  # prompt tokens per second placed here for prefill
         self._starts = _Rate()  # prompts per second placed here for prefill
         self._stretched_at = -math.inf  # when prefill last stretched decode steps a lot
@@ -174,6 +183,8 @@ class EngineModel:
         self.first_step_fit.reset(profile.first_step)
         self.prefill_drift.reset()
         self.tpot_drift.reset()
+        self.throughput.reset(*_per_token(profile))
+        self.calibration.reset()
         state = self.profiling
         state.state = "profiled"
         state.reason = None
@@ -281,7 +292,12 @@ class EngineModel:
         kv_usage: float | None,
     ) -> float:
         costs = self.step_costs(decoding)
-        projected, _ = self.lane.project(prompt_tokens, now, costs, self._rate.value(now))
+        # The lane follows a chunked-prefill scheduler's steps (with no prompts expected
+        # to join the last one: how many would depends on a step budget that is only
+        # configured, never seen); the rate the engine has been seen to clear prompts at
+        # bounds it from below whatever the scheduler.
+        projected, _ = self.lane.project(prompt_tokens, now, costs, 0.0)
+        projected = max(projected, self.throughput.projection(prompt_tokens, now, decoding))
         # Never less than the prompt's own prefill alone.
         alone = self.service(prompt_tokens, decoding)
         projected = max(projected, alone)
@@ -295,6 +311,27 @@ class EngineModel:
             if wait:
                 projected = max(projected, wait + alone)
         return projected
+
+    def upper(self, projected: float, now: float) -> float:
+        """The TTFT a projection made now stays under (at the calibration's quantile)."""
+        return self.calibration.upper(projected, self.lateness(now))
+
+    def expected(self, projected: float) -> float:
+        return self.calibration.expected(projected)
+
+    def lateness(self, now: float) -> float:
+        """How much later than their own bounds the prefills waiting here already are
+        (1 when none is): a first token that has not come by its bound is a measurement
+        too, and this one is in hand while the others wait. O(prefills waiting)."""
+        s = self.calibration.additive_s
+        worst = 1.0
+        for pending in self._pending.values():
+            if pending.projected is None:
+                continue
+            late = (now - pending.placed_at + s) / (pending.upper + s)
+            if late > worst:
+                worst = late
+        return worst
 
     def kv_wait(self, prompt_tokens: int, kv_usage: float, decoding: float, now: float) -> float:
         """Seconds until the engine's KV cache has room for this prompt and those ahead
@@ -379,12 +416,22 @@ class EngineModel:
 
     # --- what happened --------------------------------------------------------------------
 
-    def prefill_placed(self, key: object, prompt_tokens: int, decoding: float, now: float) -> None:
+    def prefill_placed(
+        self,
+        key: object,
+        prompt_tokens: int,
+        decoding: float,
+        now: float,
+        projected: float | None = None,
+    ) -> None:
+        """`projected`: the prompt's TTFT here as projected at placement (seconds)."""
         features = prefill_features(prompt_tokens, decoding)
         estimate = self.service(prompt_tokens, decoding)
         solo = len(self.lane) == 0
+        upper = math.inf if projected is None else self.upper(projected, now)
         self.lane.add(key, prompt_tokens, now)
-        self._pending[key] = _Pending(features, estimate, solo)
+        self.throughput.placed(key, prompt_tokens, now, decoding)
+        self._pending[key] = _Pending(features, estimate, solo, now, projected, upper)
         self._rate.add(prompt_tokens, now)
         self._starts.add(1.0, now)
 
@@ -392,9 +439,12 @@ class EngineModel:
         """The prefill of `key` finished at `now`: a step ended; learn from it."""
         pending = self._pending.pop(key, None)
         measured = self.lane.finish(key, now, self._budget(decoding))
+        self.throughput.finished(key, now, decoding)
         if pending is None or measured is None:
             return None
         self.observed_at = now
+        if pending.projected is not None:
+            self.calibration.add(pending.projected, now - pending.placed_at)
         if pending.solo:
             # Alone on the engine, the measurement is this prompt's own prefill: what the
             # fit learns from (under load, a service time by the departure rule is a
@@ -404,10 +454,11 @@ class EngineModel:
             self.prefill_drift.add(measured, dot(self._baseline.prefill, pending.features))
         return measured
 
-    def prefill_dropped(self, key: object) -> None:
+    def prefill_dropped(self, key: object, now: float, decoding: float = 0.0) -> None:
         """A prefill that will not finish here (failed, cancelled)."""
         self._pending.pop(key, None)
         self.lane.remove(key)
+        self.throughput.dropped(key, now, decoding)
 
     def observe_tpot(
         self,
@@ -462,6 +513,13 @@ class EngineModel:
                 "samples": self.tpot_fit.samples,
             },
         }
+
+
+def _per_token(profile: Profile) -> tuple[float, float, float]:
+    """The throughput fit's prior, by the profile: seconds per prompt token (its slope),
+    more per 100 sequences decoding, and seconds per prompt (its intercept)."""
+    a, b, _, e = profile.prefill
+    return max(MIN_PREFILL_S, b) / 1000.0, max(0.0, e) / 1000.0, max(0.0, a)
 
 
 def _clipped(measured: float, expected: float) -> float:

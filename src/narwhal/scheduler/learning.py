@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from narwhal.admission.queue import Ticket
 from narwhal.models.book import ModelBook
-from narwhal.scheduler.predictive import decoding_on
+from narwhal.scheduler.predictive import decoding_on, prefill_part
 from narwhal.scheduler.scheduler import Plan
 
 
@@ -38,9 +38,10 @@ class PlacementLearning:
         if first.model is not None:
             # The engine prefills what it does not find cached: that is its work, and
             # what its prefill time is learnt against.
-            first.model.prefill_placed(
-                ticket, ticket.request.prompt_tokens - plan.cached_tokens, decoding_on(first), now
-            )
+            tokens = ticket.request.prompt_tokens - plan.cached_tokens
+            # Its TTFT there as projected now: what the engine's calibration learns from.
+            projected = prefill_part(first, first.model, tokens, now)
+            first.model.prefill_placed(ticket, tokens, decoding_on(first), now, projected)
 
     def prefill_answered(self, ticket: Ticket, plan: Plan, now: float) -> None:
         first = plan.first
@@ -79,7 +80,7 @@ class PlacementLearning:
         if not decoded:
             first = plan.first
             if first.model is not None:
-                first.model.prefill_dropped(ticket)
+                first.model.prefill_dropped(ticket, now, decoding_on(first))
             return
         output = ticket.output
         decode = plan.decode

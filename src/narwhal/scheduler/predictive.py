@@ -116,7 +116,7 @@ class ProjectingScorer:
                 # history only for a backlog worth twice the prefill it would save.
                 cost += model.solo(tokens)
             due = request.ttft_due
-            if due is not None and self._book.upper(ttft) > due - now:
+            if due is not None and model.upper(ttft, now) > due - now:
                 cost += _INFEASIBLE
         if phase == "both" and self._prefix is not None:
             # Cache-aware: the best projected TTFT wins (with the work it adds). The

@@ -1,0 +1,141 @@
+"""How one engine's TTFT projections turn out, and the bound admission uses (sans-IO).
+
+Every request placed on an engine is projected there at placement (`raw`, seconds from
+placement to its first token) and measured at its first token. The error is neither
+purely multiplicative (a rate the model has wrong: long projections are off by more) nor
+purely additive (a step in progress, a scheduling hiccup of the host: short projections
+are off by a few milliseconds that would be a large ratio). So the error is followed as
+
+    r = (measured + s) / (raw + s)          s = a tenth of the budget
+
+which is a ratio for projections much longer than s and a difference for shorter ones.
+Its distribution is kept in decayed histograms (`narwhal.models.histogram`), so it
+follows an engine that changes, and gives
+
+    expected(raw) = (raw + s) * median(r) - s
+    upper(raw)    = (raw + s) * q(r) - s,   q the `quantile` (0.995) of r
+
+The error is not the same for all projections: a short one is mostly a step's rounding,
+a long one a queue's, which averages over many prompts. Admission decides by the long
+ones (a request is refused when its bound nears the budget), so the distribution is kept
+per class of projection (`_CLASSES`, shares of the budget) as well as over all of them,
+and a class's own distribution is read once it has `_OWN` samples; before, the overall
+one stands for it.
+
+Before `_FIRM` samples a bound cannot be read from a histogram alone (the 99.5th
+percentile of 20 samples is their maximum, and says little): it is the larger of the
+histogram's value and a prior margin that fades as samples come (`prior` at none, 1 at
+`_FIRM`), so a new engine is admitted cautiously and not forever.
+
+Quantiles are read lazily, every `_REFRESH` samples of a histogram: O(1) per projection.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from typing import Final
+
+from narwhal.models.histogram import DecayedHistogram
+
+PRIOR_MARGIN: Final = 1.3  # a new engine's bound, before its projections have been seen
+_CLASSES: Final = (0.2, 0.5)  # class edges, in shares of the budget
+_OWN: Final = 60  # samples from which a class's own distribution is read
+_FIRM: Final = 400  # samples after which a histogram alone says the bound
+_REFRESH: Final = 8  # samples between two readings of a histogram's quantiles
+_HALF_LIFE: Final = 1500.0  # samples
+_LOWEST: Final = 0.05
+_HIGHEST: Final = 50.0
+
+
+class _Errors:
+    """The error distribution of one class of projections, its median and bound."""
+
+    __slots__ = ("_histogram", "_since", "median", "upper")
+
+    def __init__(self, prior: float) -> None:
+        self._histogram = DecayedHistogram(
+            _LOWEST, _HIGHEST, ratio=2 ** (1 / 16), half_life=_HALF_LIFE
+        )
+        self._since = 0
+        self.median = 1.0
+        self.upper = prior
+
+    @property
+    def samples(self) -> int:
+        return self._histogram.samples
+
+    def add(self, ratio: float, quantile: float, prior: float) -> None:
+        histogram = self._histogram
+        histogram.add(ratio)
+        self._since += 1
+        if self._since < _REFRESH and histogram.samples > _REFRESH:
+            return
+        self._since = 0
+        median = histogram.quantile(0.5)
+        upper = histogram.quantile(quantile)
+        if median is None or upper is None:
+            return
+        # A prior that fades linearly over the first _FIRM samples.
+        firm = min(1.0, histogram.samples / _FIRM)
+        self.median = median
+        self.upper = max(upper, prior + (1.0 - prior) * firm, median)
+
+
+class Calibration:
+    __slots__ = ("_all", "_classes", "_edges", "additive_s", "prior", "quantile")
+
+    def __init__(
+        self, *, budget_s: float, quantile: float = 0.995, prior: float = PRIOR_MARGIN
+    ) -> None:
+        if not (budget_s > 0 and 0.5 < quantile < 1 and prior >= 1):
+            raise ValueError("need budget_s > 0, 0.5 < quantile < 1 and prior >= 1")
+        # Errors much smaller than a tenth of the budget decide nothing: below that they
+        # count as differences, above it as ratios.
+        self.additive_s = 0.1 * budget_s
+        self.quantile = quantile
+        self.prior = prior
+        self._edges = tuple(edge * budget_s for edge in _CLASSES)
+        self._all = _Errors(prior)
+        self._classes = [_Errors(prior) for _ in range(len(_CLASSES) + 1)]
+
+    @property
+    def samples(self) -> int:
+        return self._all.samples
+
+    def add(self, raw: float, measured: float) -> None:
+        """A projection (seconds) and what it turned into (seconds, same origin)."""
+        if not (math.isfinite(raw) and math.isfinite(measured)) or raw < 0 or measured < 0:
+            return
+        s = self.additive_s
+        ratio = (measured + s) / (raw + s)
+        self._all.add(ratio, self.quantile, self.prior)
+        self._classes[bisect.bisect_right(self._edges, raw)].add(ratio, self.quantile, self.prior)
+
+    def _errors(self, raw: float) -> _Errors:
+        errors = self._classes[bisect.bisect_right(self._edges, raw)]
+        return errors if errors.samples >= _OWN else self._all
+
+    @property
+    def factor(self) -> float:
+        """The ratio the bound applies over all projections (for operators)."""
+        return self._all.upper
+
+    @property
+    def bias(self) -> float:
+        return self._all.median
+
+    def expected(self, raw: float) -> float:
+        s = self.additive_s
+        return max(0.0, (raw + s) * self._errors(raw).median - s)
+
+    def upper(self, raw: float, lateness: float = 1.0) -> float:
+        """The bound: `lateness` (>= 1) widens it further while the engine's requests in
+        flight are already later than their own bounds said (see `EngineModel`)."""
+        s = self.additive_s
+        return max(raw, (raw + s) * self._errors(raw).upper * max(1.0, lateness) - s)
+
+    def reset(self) -> None:
+        """A new engine behind the name (it restarted, it was re-profiled)."""
+        self._all = _Errors(self.prior)
+        self._classes = [_Errors(self.prior) for _ in self._classes]

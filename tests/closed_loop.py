@@ -1,0 +1,461 @@
+"""Narwhal's decision core against a simulated engine, in virtual time (sans-IO, no sockets).
+
+The predictive stack the router builds (`narwhal.router`: registry, model book, placement
+learning, projecting scorer, predictive check, admission controller) is driven here by an
+engine's step model (`narwhal.sim.model`, any of its prefill disciplines) on one clock:
+arrivals are checked and placed as the dispatcher would, each engine runs its steps back
+to back while it has work, first tokens and last tokens go back to admission as the relay
+would report them (through a real `OutputTracker` fed events of the engine's shape), and
+the engines' metrics are scraped once a second as the fleet monitor would.
+
+What it is for: measuring the projection and its bound against engines of disciplines it
+was not designed on, at loads and load steps that would take minutes in real time, with
+results that do not depend on the host's noise (tests and `scripts/perf/projection.py`).
+It is not the router: HTTP, sizing and retries are not here, and sizing is exact.
+
+Profiling runs the same probes as `narwhal.engines.profiling` (solo, one after another,
+then together), on the engine's model in virtual time.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import math
+import random
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Literal
+
+from narwhal.admission.controller import Admission, Wakeups
+from narwhal.admission.predictive import PredictiveCheck
+from narwhal.admission.queue import Ticket, TicketState
+from narwhal.config import EngineConfig
+from narwhal.errors import CapacityRejected, PromptExceedsTtftBudget, TtftBudgetExceeded
+from narwhal.fleet.scrape import EngineScrape
+from narwhal.fleet.state import EngineHealth
+from narwhal.models.book import ModelBook
+from narwhal.models.profile import PROBE_OUTPUT, PROBE_PROMPTS, ProbeSample, fit_profile
+from narwhal.protocol.tracker import OutputTracker
+from narwhal.scheduler.learning import PlacementLearning
+from narwhal.scheduler.placement import PlacementRequest
+from narwhal.scheduler.predictive import ProjectingScorer
+from narwhal.scheduler.registry import EngineRegistry
+from narwhal.scheduler.scheduler import Scheduler
+from narwhal.sim import model as sim_model
+from narwhal.sim.options import SimOptions
+
+Policy = Literal["predictive", "open", "queue"]
+SCRAPE_EVERY_S = 1.0
+
+
+def make_engine(options: SimOptions) -> sim_model.Scheduler:
+    """The engine's step model for its options (its prefill discipline among them)."""
+    factory: Callable[[SimOptions], sim_model.Scheduler] | None = getattr(
+        sim_model, "make_scheduler", None
+    )
+    return factory(options) if factory is not None else sim_model.Scheduler(options)
+
+
+@dataclass(frozen=True, slots=True)
+class Arrival:
+    at: float
+    prompt_tokens: int
+    output_tokens: int
+
+
+@dataclass(slots=True)
+class Record:
+    arrival: Arrival
+    outcome: str = "pending"  # admitted | refused_prompt | refused_projected | rejected
+    engine: str | None = None
+    checked_upper: float | None = None  # the projection's bound on TTFT from arrival
+    expected: float | None = None
+    first_token_at: float | None = None
+    done_at: float | None = None
+
+    @property
+    def ttft(self) -> float | None:
+        if self.first_token_at is None:
+            return None
+        return self.first_token_at - self.arrival.at
+
+
+def poisson(
+    rate: float,
+    seconds: float,
+    prompts: tuple[int, int],
+    outputs: tuple[int, int],
+    *,
+    seed: int,
+    start: float = 0.0,
+) -> list[Arrival]:
+    """Open-loop Poisson arrivals, prompt and output lengths log-uniform in their ranges."""
+    rng = random.Random(seed)
+    arrivals = []
+    now = start
+    while True:
+        now += rng.expovariate(rate)
+        if now >= start + seconds:
+            return arrivals
+        arrivals.append(Arrival(now, _log_uniform(rng, prompts), _log_uniform(rng, outputs)))
+
+
+def _log_uniform(rng: random.Random, bounds: tuple[int, int]) -> int:
+    low, high = bounds
+    return round(math.exp(rng.uniform(math.log(low), math.log(high))))
+
+
+@dataclass(slots=True)
+class _EngineRun:
+    name: str
+    engine: sim_model.Scheduler
+    busy: bool = False
+
+
+@dataclass(order=True, slots=True)
+class _Event:
+    at: float
+    order: int
+    kind: str = field(compare=False)
+    payload: object = field(compare=False)
+
+
+class ClosedLoop:
+    """One fleet of simulated engines behind Narwhal's decision core, on one clock."""
+
+    def __init__(
+        self,
+        engines: Sequence[SimOptions],
+        *,
+        budget: float,
+        policy: Policy = "predictive",
+        prefill_limit: int = 4096,
+        queue_limit: int = 4096,
+    ) -> None:
+        configs = [
+            EngineConfig(name=f"e{i}", url=f"http://127.0.0.1:{9000 + i}", dialect="vllm")
+            for i in range(len(engines))
+        ]
+        self.budget = budget
+        self.policy = policy
+        self.registry = EngineRegistry(configs)
+        self.runs = {
+            c.name: _EngineRun(c.name, make_engine(opts))
+            for c, opts in zip(configs, engines, strict=True)
+        }
+        self.options = {c.name: opts for c, opts in zip(configs, engines, strict=True)}
+        self.book: ModelBook | None = None
+        self.check: PredictiveCheck | None = None
+        listener = None
+        self.scheduler = Scheduler(self.registry)
+        if policy == "predictive":
+            self.book = ModelBook(self.registry.entries, ttft_budget_s=budget)
+            for name, entry in self.registry.entries.items():
+                entry.model = self.book.model(name)
+            self.registry.set_ready_predicate(lambda entry: entry.model is not None)
+            listener = PlacementLearning(self.book)
+            self.scheduler.scorer = ProjectingScorer(self.book, clock=lambda: self.now)
+            self.check = PredictiveCheck(self.registry, self.book, ttft_budget_s=budget)
+        self.admission = Admission(
+            self.scheduler,
+            max_retained=1 << 20,
+            queue_limit=queue_limit,
+            prefill_limit=prefill_limit,
+            decode_limit=1 << 20,
+            listener=listener,
+        )
+        self.now = 0.0
+        self._events: list[_Event] = []
+        self._order = itertools.count()
+        self._records: dict[Ticket, Record] = {}
+        self._sequences: dict[Ticket, sim_model.Sequence] = {}
+        self._scrape()
+
+    # --- profiling ---------------------------------------------------------------------------
+
+    def profile(self) -> None:
+        """Profile every engine as the profiler does: the probes one after another."""
+        if self.book is None:
+            return
+        for name, run in self.runs.items():
+            samples = [self._probe(run, tokens) for tokens in PROBE_PROMPTS]
+            profile = fit_profile(samples, source="token_ids", wall=0.0, now=self.now)
+            self.book.model(name).install(profile)
+        self.registry.invalidate()
+
+    def _probe(self, run: _EngineRun, tokens: int) -> ProbeSample:
+        seq = sim_model.Sequence(tokens, PROBE_OUTPUT, finish_reason="length")
+        start = self.now
+        run.engine.add(seq, start)
+        times: list[float] = []
+        while not seq.finished:
+            step = run.engine.schedule(self.now)
+            assert step is not None, "a probe is waiting on an engine that does nothing"
+            self.now += step.duration
+            result = run.engine.finish_step(step, self.now)
+            if seq in result.progressed:
+                times.append(self.now)
+        tpot = (times[-1] - times[0]) / (len(times) - 1) if len(times) > 1 else None
+        return ProbeSample(tokens, times[0] - start, tpot)
+
+    # --- running -----------------------------------------------------------------------------
+
+    def run(self, arrivals: Iterable[Arrival], *, drain_s: float = 120.0) -> list[Record]:
+        """Offer the arrivals; run until every admitted request is done (or `drain_s`
+        after the last arrival). Records in arrival order."""
+        records = []
+        last = self.now
+        for arrival in arrivals:
+            self._push(arrival.at, "arrival", arrival)
+            last = max(last, arrival.at)
+        self._push(self.now + SCRAPE_EVERY_S, "scrape", None)
+        end = last + drain_s
+        while self._events:
+            event = heapq.heappop(self._events)
+            if event.at > end:
+                break
+            self.now = max(self.now, event.at)
+            if event.kind == "arrival":
+                assert isinstance(event.payload, Arrival)
+                records.append(self._arrive(event.payload))
+            elif event.kind == "step":
+                assert isinstance(event.payload, tuple)
+                self._step_done(*event.payload)
+            elif event.kind == "scrape":
+                self._scrape()
+                if any(r.outcome == "pending" for r in self._records.values()) or (self.now < last):
+                    self._push(self.now + SCRAPE_EVERY_S, "scrape", None)
+        return records
+
+    def _push(self, at: float, kind: str, payload: object) -> None:
+        heapq.heappush(self._events, _Event(at, next(self._order), kind, payload))
+
+    def _arrive(self, arrival: Arrival) -> Record:
+        record = Record(arrival)
+        request = self._request(arrival)
+        ticket = Ticket(request)
+        if self.check is not None:
+            try:
+                projection = self.check.check(
+                    request, arrived=self.now, now=self.now, queued=len(self.admission.queue)
+                )
+            except PromptExceedsTtftBudget:
+                record.outcome = "refused_prompt"
+                return record
+            except TtftBudgetExceeded:
+                record.outcome = "refused_projected"
+                return record
+            if projection is not None:
+                ticket.projected_ttft = projection.raw
+                ticket.checked_at = self.now
+                record.checked_upper = projection.upper
+                record.expected = projection.expected
+        try:
+            wakeups = self.admission.start(ticket, self.now)
+        except CapacityRejected:
+            record.outcome = "rejected"
+            return record
+        record.outcome = "admitted"
+        self._records[ticket] = record
+        self._wake(wakeups)
+        return record
+
+    def _request(self, arrival: Arrival) -> PlacementRequest:
+        book = self.book
+        if book is None:
+            return PlacementRequest.sized("completion", arrival.prompt_tokens, None)
+        predicted = book.lengths.predict("completion", arrival.prompt_tokens, None)
+        return PlacementRequest(
+            "completion", arrival.prompt_tokens, None, predicted, ttft_due=self.now + self.budget
+        )
+
+    def _wake(self, wakeups: Wakeups) -> None:
+        for ticket in wakeups.started:
+            self._submit(ticket)
+        for ticket in wakeups.unplaceable:
+            self._records.pop(ticket, None)
+
+    def _submit(self, ticket: Ticket) -> None:
+        plan = ticket.plan
+        assert plan is not None
+        record = self._records[ticket]
+        record.engine = plan.first.name
+        run = self.runs[plan.first.name]
+        seq = sim_model.Sequence(
+            ticket.request.prompt_tokens, record.arrival.output_tokens, finish_reason="length"
+        )
+        seq.waiter = ticket
+        ticket.output = OutputTracker("completion", token_ids=True, choices=1)
+        self._sequences[ticket] = seq
+        run.engine.add(seq, self.now)
+        self._kick(run)
+
+    def _kick(self, run: _EngineRun) -> None:
+        if run.busy:
+            return
+        step = run.engine.schedule(self.now)
+        if step is None:
+            return
+        run.busy = True
+        self._push(self.now + step.duration, "step", (run, step))
+
+    def _step_done(self, run: _EngineRun, step: sim_model.Step) -> None:
+        run.busy = False
+        result = run.engine.finish_step(step, self.now)
+        wakeups = Wakeups()
+        for seq in result.progressed:
+            ticket = seq.waiter
+            if not isinstance(ticket, Ticket):
+                continue
+            output = ticket.output
+            assert output is not None
+            reason = "length" if seq.finished else None
+            output.observe(
+                {"choices": [{"index": 0, "text": "x", "token_ids": [7], "finish_reason": reason}]},
+                self.now,
+            )
+            record = self._records[ticket]
+            if record.first_token_at is None:
+                record.first_token_at = self.now
+                _merge(wakeups, self.admission.first_token(ticket, self.now))
+            if seq.finished:
+                record.done_at = self.now
+                _merge(wakeups, self.admission.finish(ticket, self.now))
+                self._records.pop(ticket, None)
+                self._sequences.pop(ticket, None)
+        self._wake(wakeups)
+        self._kick(run)
+
+    def _scrape(self) -> None:
+        for name, run in self.runs.items():
+            entry = self.registry.entries[name]
+            engine = run.engine
+            health = entry.health or EngineHealth(stale_after_s=5.0, status="up")
+            health.last_scrape = EngineScrape(
+                running=float(engine.num_running),
+                waiting=float(engine.num_waiting),
+                kv_usage=engine.kv_usage,
+            )
+            health.last_scrape_at = self.now
+            entry.health = health
+
+    def pending(self) -> Iterator[Ticket]:
+        return (t for t in self._records if t.state is not TicketState.DONE)
+
+
+def _merge(into: Wakeups, more: Wakeups) -> None:
+    into.started += more.started
+    into.unplaceable += more.unplaceable
+
+
+# --- what a run says ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Summary:
+    offered: int
+    admitted: int
+    refused: int
+    rejected: int
+    within: int  # admitted whose TTFT met the budget
+    over_bound: int  # admitted whose TTFT exceeded the projection's upper bound
+    bounded: int  # admitted with a projection
+    ttft_p50: float
+    ttft_p99: float
+    seconds: float
+
+    @property
+    def within_share(self) -> float:
+        return self.within / self.admitted if self.admitted else 1.0
+
+    @property
+    def refused_share(self) -> float:
+        return self.refused / self.offered if self.offered else 0.0
+
+    @property
+    def over_bound_share(self) -> float:
+        return self.over_bound / self.bounded if self.bounded else 0.0
+
+    @property
+    def goodput(self) -> float:
+        return self.within / self.seconds if self.seconds else 0.0
+
+    def line(self) -> str:
+        return (
+            f"offered {self.offered} admitted {self.admitted} refused {self.refused} "
+            f"({self.refused_share:.1%}) within {self.within_share:.2%} "
+            f"goodput {self.goodput:.2f}/s p50 {self.ttft_p50 * 1e3:.0f} ms "
+            f"p99 {self.ttft_p99 * 1e3:.0f} ms over-bound {self.over_bound_share:.2%}"
+        )
+
+
+def summarize(records: Sequence[Record], budget: float, seconds: float) -> Summary:
+    admitted = [r for r in records if r.outcome == "admitted"]
+    ttfts = sorted(r.ttft if r.ttft is not None else math.inf for r in admitted)
+    bounded = [r for r in admitted if r.checked_upper is not None]
+    return Summary(
+        offered=len(records),
+        admitted=len(admitted),
+        refused=sum(r.outcome.startswith("refused") for r in records),
+        rejected=sum(r.outcome == "rejected" for r in records),
+        within=sum(t <= budget for t in ttfts),
+        over_bound=sum(
+            (r.ttft if r.ttft is not None else math.inf) > (r.checked_upper or 0.0) for r in bounded
+        ),
+        bounded=len(bounded),
+        ttft_p50=_quantile(ttfts, 0.5),
+        ttft_p99=_quantile(ttfts, 0.99),
+        seconds=seconds,
+    )
+
+
+def _quantile(values: Sequence[float], q: float) -> float:
+    if not values:
+        return 0.0
+    return values[min(len(values) - 1, int(q * len(values)))]
+
+
+def capacity(options: SimOptions, prompts: tuple[int, int], outputs: tuple[int, int]) -> float:
+    """Requests per second the engine completes when always full (measured, not computed):
+    a closed run that keeps enough requests in it to saturate, in virtual time."""
+    engine = make_engine(options)
+    rng = random.Random(7)
+    now = 0.0
+    in_flight: set[sim_model.Sequence] = set()
+    done = 0
+    started_at = None
+    concurrency = 64
+    total = 400
+    submitted = 0
+    while done < total:
+        while len(in_flight) < concurrency and submitted < total:
+            seq = sim_model.Sequence(
+                _log_uniform(rng, prompts), _log_uniform(rng, outputs), finish_reason="length"
+            )
+            engine.add(seq, now)
+            in_flight.add(seq)
+            submitted += 1
+        step = engine.schedule(now)
+        assert step is not None
+        now += step.duration
+        result = engine.finish_step(step, now)
+        for seq in result.finished:
+            in_flight.discard(seq)
+            done += 1
+            if done == total // 4:
+                started_at = now
+    assert started_at is not None
+    return (total - total // 4) / (now - started_at)
+
+
+__all__ = [
+    "Arrival",
+    "ClosedLoop",
+    "Record",
+    "Summary",
+    "capacity",
+    "poisson",
+    "replace",
+    "summarize",
+]

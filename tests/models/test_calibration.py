@@ -1,0 +1,69 @@
+"""A projection's calibration and bound (sans-IO)."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+
+from narwhal.models.calibration import PRIOR_MARGIN, Calibration
+
+
+def test_a_new_engine_is_bounded_by_the_prior_margin() -> None:
+    calibration = Calibration(budget_s=1.0)
+    s = 0.1
+    assert calibration.upper(0.5) == pytest.approx((0.5 + s) * PRIOR_MARGIN - s)
+    assert calibration.expected(0.5) == pytest.approx(0.5)
+
+
+@pytest.mark.parametrize("spread", [0.05, 0.3])
+def test_the_bound_covers_the_quantile_it_is_set_to(spread: float) -> None:
+    """Errors drawn log-normally around a bias: the bound learned on 3,000 of them is
+    exceeded by about 0.5% of the next 3,000, the expectation follows the bias."""
+    rng = random.Random(1)
+    calibration = Calibration(budget_s=1.0)
+
+    def sample() -> tuple[float, float]:
+        raw = rng.uniform(0.3, 0.9)  # one class of projections
+        return raw, raw * 1.2 * math.exp(rng.gauss(0.0, spread))
+
+    for _ in range(3000):
+        calibration.add(*sample())
+    trials = [sample() for _ in range(3000)]
+    over = sum(measured > calibration.upper(raw) for raw, measured in trials)
+    assert over / len(trials) < 0.012
+    assert calibration.expected(0.6) == pytest.approx(0.6 * 1.2, rel=0.08)
+    # and the bound is no wider than it needs to be
+    assert calibration.upper(0.6) < 0.6 * 1.2 * math.exp(3.2 * spread) + 0.05
+
+
+def test_short_and_long_projections_are_calibrated_apart() -> None:
+    """Short projections off by a step's rounding do not widen the long ones' bound."""
+    rng = random.Random(2)
+    calibration = Calibration(budget_s=1.0)
+    for _ in range(2000):
+        short = rng.uniform(0.0, 0.15)
+        calibration.add(short, short + rng.uniform(0.0, 0.15))  # up to 150 ms late
+        long = rng.uniform(0.6, 0.9)
+        calibration.add(long, long * rng.uniform(0.95, 1.02))
+    assert calibration.upper(0.8) < 0.8 * 1.05
+    assert calibration.upper(0.1) > 0.1 + 0.1
+
+
+def test_lateness_widens_the_bound() -> None:
+    calibration = Calibration(budget_s=1.0)
+    assert calibration.upper(0.5, lateness=2.0) > 2 * calibration.upper(0.5) - 0.2
+
+
+def test_absurd_samples_are_ignored_and_reset_forgets() -> None:
+    calibration = Calibration(budget_s=1.0)
+    for raw, measured in ((math.nan, 1.0), (1.0, math.inf), (-1.0, 1.0), (1.0, -2.0)):
+        calibration.add(raw, measured)
+    assert calibration.samples == 0
+    for _ in range(300):
+        calibration.add(0.5, 5.0)  # an engine ten times slower than modelled
+    assert calibration.upper(0.5) > 4.0
+    calibration.reset()
+    assert calibration.samples == 0
+    assert calibration.upper(0.5) == pytest.approx((0.5 + 0.1) * PRIOR_MARGIN - 0.1)
