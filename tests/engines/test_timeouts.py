@@ -1,0 +1,130 @@
+"""The first-event limit's derivation and the engines' observed first-event times (sans-IO:
+values in, a number out, no clock)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from narwhal.engines.timeouts import (
+    DEFAULT_S,
+    FLOOR_S,
+    MAX_BACKOFF,
+    PROJECTION_MULTIPLE,
+    FirstEventTimes,
+    first_event_timeout,
+)
+
+
+def derived(
+    *,
+    configured: float | None = None,
+    projected: float | None = None,
+    observed: float | None = None,
+    budget: float = 2.0,
+    backoff: float = 1,
+    remaining: float = 600.0,
+) -> float | None:
+    return first_event_timeout(
+        configured,
+        projected_s=projected,
+        observed_s=observed,
+        budget_s=budget,
+        backoff=backoff,
+        remaining_s=remaining,
+    )
+
+
+def test_a_configured_limit_is_taken_as_it_is() -> None:
+    assert derived(configured=0.25, projected=10.0, observed=50.0, backoff=8) == 0.25
+
+
+def test_a_projection_gives_a_multiple_of_its_upper_bound() -> None:
+    assert derived(projected=1.5) == PROJECTION_MULTIPLE * 1.5
+
+
+def test_a_short_projection_is_held_to_the_budget_and_the_floor() -> None:
+    # A limit shorter than the budget would give up on requests that can still make it.
+    assert derived(projected=0.01, budget=2.0) == 2.0
+    assert derived(projected=0.01, budget=0.2) == FLOOR_S
+
+
+def test_the_projection_wins_over_what_the_engine_was_seen_to_do() -> None:
+    assert derived(projected=1.0, observed=20.0) == PROJECTION_MULTIPLE * 1.0
+
+
+def test_without_a_projection_the_observed_times_only_raise_the_default() -> None:
+    # Open admission: nothing bounds the engine's queue, so a burst is not a stall.
+    assert derived(observed=0.05) == DEFAULT_S
+    assert derived(observed=20.0) == PROJECTION_MULTIPLE * 20.0
+
+
+def test_with_nothing_known_the_default_applies() -> None:
+    assert derived() == DEFAULT_S
+
+
+def test_the_backoff_multiplies_a_derived_limit() -> None:
+    assert derived(projected=1.5, backoff=2) == 2 * PROJECTION_MULTIPLE * 1.5
+    assert derived(backoff=4) == 4 * DEFAULT_S
+
+
+@pytest.mark.parametrize("remaining", [30.0, 5.0])
+def test_the_deadline_caps_every_limit(remaining: float) -> None:
+    # At or past the deadline there is no limit of its own: the deadline's 504 ends it.
+    assert derived(remaining=remaining) is None
+    assert derived(configured=remaining, remaining=remaining) is None
+    assert derived(configured=remaining - 0.5, remaining=remaining) == remaining - 0.5
+
+
+@pytest.mark.parametrize("absurd", [math.nan, math.inf, -1.0])
+def test_absurd_inputs_count_as_unknown(absurd: float) -> None:
+    assert derived(projected=absurd) == DEFAULT_S
+    assert derived(observed=absurd) == DEFAULT_S
+
+
+def test_observed_times_follow_rfc_6298() -> None:
+    times = FirstEventTimes()
+    assert times.bound("e") is None
+    times.observe("e", 1.0)  # first sample: mean 1, deviation 1/2
+    assert times.bound("e") == pytest.approx(1.0 + 4 * 0.5)
+    times.observe("e", 2.0)  # deviation 3/4·0.5 + 1/4·1 = 0.625, mean 1 + 1/8
+    assert times.bound("e") == pytest.approx(1.125 + 4 * 0.625)
+    assert times.bound("other") is None
+
+
+def test_a_steady_engine_s_bound_converges_on_its_times() -> None:
+    times = FirstEventTimes()
+    for _ in range(200):
+        times.observe("e", 0.3)
+    assert times.bound("e") == pytest.approx(0.3, rel=1e-6)
+
+
+def test_timeouts_double_the_backoff_until_an_answer_in_time() -> None:
+    times = FirstEventTimes()
+    times.timed_out("e")  # never answered: a backoff, still no bound
+    assert (times.backoff("e"), times.bound("e")) == (2, None)
+    for _ in range(10):
+        times.timed_out("e")
+    assert times.backoff("e") == MAX_BACKOFF
+    times.observe("e", 0.5)
+    assert times.backoff("e") == 1
+    assert times.bound("e") == pytest.approx(0.5 + 4 * 0.25)
+
+
+def test_absurd_samples_are_ignored() -> None:
+    times = FirstEventTimes()
+    for absurd in (math.nan, math.inf, -2.0):
+        times.observe("e", absurd)
+    assert times.bound("e") is None
+    times.observe("e", 1.0)
+    times.observe("e", math.nan)
+    assert math.isfinite(times.bound("e") or math.nan)
+
+
+def test_engines_that_leave_the_configuration_are_forgotten() -> None:
+    times = FirstEventTimes()
+    times.observe("a", 1.0)
+    times.observe("b", 1.0)
+    times.forget({"b"})
+    assert times.bound("a") is None and times.bound("b") is not None
