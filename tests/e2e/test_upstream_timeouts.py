@@ -10,6 +10,8 @@ on its own thread and loop) behind a router process, with limits of a fraction o
   event and no `[DONE]` after `fleet.idle_timeout_s`; a non-streaming one is served by the
   other engine.
 - A slow engine that keeps sending (events, or only comments) within the gap is not cut.
+- Without a configured first-event limit, predictive admission's projection sets it (a
+  sim in real time that holds a request before its prefill).
 
 Every request ends in one counted outcome, releases every slot and its engine count, and
 its access line names the timeout that ended an attempt.
@@ -27,7 +29,8 @@ from typing import Any
 
 import pytest
 
-from tests.e2e.conftest import MODEL, Reply, chat, metrics_of, send
+from narwhal.engines.timeouts import FLOOR_S
+from tests.e2e.conftest import MODEL, Reply, chat, metrics_of, send, settle, sim_process
 from tests.e2e.hostile import Exchange, HostileEngine, Script, chunk, event, route_of, well_behaved
 from tests.e2e.test_admission import assert_all_released
 from tests.processes import NarwhalProcess, router_process
@@ -284,3 +287,36 @@ async def test_a_slow_engine_that_keeps_sending_is_not_cut(fleet: Fleet, kind: s
             assert delta(after, before, timeouts(engine, phase)) == 0
     line = await fleet.access_line(reply)
     assert line["upstream_timeout"] is None
+
+
+async def test_without_a_configured_limit_the_projection_sets_it(tmp_path: Path) -> None:
+    """Predictive admission against a sim in real time: a request the sim holds before its
+    prefill for 6 s is given up after the derived limit (the budget, 0.5 s, raised to the
+    1 s floor, far above 4x the projection's few milliseconds), not the 6 s; the sim
+    drops it; a request that takes what the projection says is served."""
+    config = {
+        "model": MODEL,
+        "engines": [{"name": "s0", "url": "", "role": "both"}],
+        "admission": {"mode": "predictive", "ttft_target_s": 0.5},
+        "fleet": {"max_attempts": 1},
+    }
+    with sim_process("--time-scale", "1") as sim:
+        config["engines"][0]["url"] = sim.url
+        log = tmp_path / "router.log"
+        with router_process(config, "--log-format", "json", stderr_path=log) as router:
+            router_fleet = Fleet(Plays(), router, log)
+            assert (await send(router.url, chat("Hello", max_tokens=4))).status == 200
+            started = time.monotonic()
+            reply = await send(router.url, chat("#sim:slow_prefill=6 a", max_tokens=4))
+            took = time.monotonic() - started
+            assert reply.status == 502, reply.raw
+            assert reply.json()["error"]["code"] == "upstream_error"
+            assert FLOOR_S <= took < FLOOR_S + 1.5, took
+            values = await assert_all_released(router)
+            assert values[timeouts("s0", "first_event")] == 1
+            assert values[outcome("completed")] == 1
+            line = await router_fleet.access_line(reply)
+            assert line["upstream_timeout"] == "first_event"
+            running = 'vllm:num_requests_running{engine="0",model_name="narwhal-sim"}'
+            engine = await settle(sim.url, lambda v: v.get(running, 0) == 0)
+            assert engine[running] == 0  # the sim stopped work on it
