@@ -27,6 +27,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import pytest
 
 from narwhal.engines.timeouts import FLOOR_S
@@ -114,8 +115,20 @@ async def slow_pings(exchange: Exchange) -> None:
     await exchange.end()
 
 
+async def flood(exchange: Exchange) -> None:
+    """16 MiB of tokens as fast as the router takes them (far more than the sockets on
+    the way hold: a client that stops reading holds the engine back)."""
+    route = route_of(exchange)
+    await exchange.head()
+    piece = event(chunk(route, "x" * 65536))
+    for _ in range(256):
+        await exchange.send(piece)
+    await exchange.send(event(chunk(route, "", "stop")) + b"data: [DONE]\n\n")
+    await exchange.end()
+
+
 _STALLS = {"silent": silent, "pinging": pinging, "after-first": silent_after_first}
-_SLOW = {"slow-events": slow_events, "slow-pings": slow_pings}
+_SLOW = {"slow-events": slow_events, "slow-pings": slow_pings, "flood": flood}
 
 
 class Fleet:
@@ -287,6 +300,27 @@ async def test_a_slow_engine_that_keeps_sending_is_not_cut(fleet: Fleet, kind: s
             assert delta(after, before, timeouts(engine, phase)) == 0
     line = await fleet.access_line(reply)
     assert line["upstream_timeout"] is None
+
+
+async def test_a_client_that_stops_reading_does_not_make_the_engine_look_silent(
+    fleet: Fleet,
+) -> None:
+    # While the client reads nothing the router stops reading the engine (backpressure):
+    # the engine cannot send then, which is no silence of its own.
+    before = await metrics_of(fleet.router.url)
+    body = chat("floodx0 slow client", stream=True, max_tokens=16)
+    async with aiohttp.ClientSession() as session:
+        async with session.post(fleet.router.url + "/v1/chat/completions", json=body) as resp:
+            assert resp.status == 200
+            await asyncio.sleep(4 * IDLE_S)
+            raw = await resp.read()
+    events = Reply(200, {}, raw).events()
+    assert events[-1] == "[DONE]", events[-1:]
+    assert len(events) == 256 + 2
+    after = await released(fleet)
+    assert delta(after, before, outcome("completed")) == 1
+    for engine in ENGINES:
+        assert delta(after, before, timeouts(engine, "idle")) == 0
 
 
 async def test_without_a_configured_limit_the_projection_sets_it(tmp_path: Path) -> None:

@@ -150,7 +150,13 @@ async def _until_end(
         ended = False  # the body ended without [DONE] (generic servers), finished
         while not stream.done and not ended:
             if payload:
-                await body.write(payload)  # the headers leave with it
+                # The client's write may wait (a slow reader); the engine is not silent
+                # while nobody reads it, so the idle gap holds until the write is done.
+                stream.paused = True
+                try:
+                    await body.write(payload)  # the headers leave with it
+                finally:
+                    stream.gap_restarts()
                 payload = b""
                 ended = await _push(body, stream)
             else:

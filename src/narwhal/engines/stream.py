@@ -41,7 +41,7 @@ class EngineStream:
         self.tracker = sink.tracker
         self.idle_timeout_s = idle_timeout_s
         self.last_read_at = time.monotonic()  # the last bytes from the engine (or now)
-        self.paused = False  # reading held for the client (`pause`)
+        self.paused = False  # reading held for the client: no idle gap runs
         self.timed_out: TimeoutPhase | None = None  # the phase timeout that ended it
         self._response = response
         self._eof = False
@@ -100,10 +100,14 @@ class EngineStream:
         self._response.pause()
 
     def resume(self) -> None:
-        # The engine could not send while reading was held: its silence counts from now.
+        self.gap_restarts()
+        self._response.resume()
+
+    def gap_restarts(self) -> None:
+        """Reading was held (`paused`, for the client): the engine could not send, so
+        its silence counts from now."""
         self.paused = False
         self.last_read_at = time.monotonic()
-        self._response.resume()
 
     def idle_gap(self) -> IdleGap | contextlib.nullcontext[None]:
         """`async with`: reading under the idle-gap limit (UpstreamTimeout past it)."""
