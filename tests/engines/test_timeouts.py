@@ -1,9 +1,12 @@
 """The first-event limit's derivation and the engines' observed first-event times (sans-IO:
-values in, a number out, no clock)."""
+values in, a number out, no clock), and the idle gap on a loop."""
 
 from __future__ import annotations
 
+import asyncio
 import math
+import time
+from dataclasses import dataclass, field
 
 import pytest
 
@@ -13,6 +16,9 @@ from narwhal.engines.timeouts import (
     MAX_BACKOFF,
     PROJECTION_MULTIPLE,
     FirstEventTimes,
+    IdleGap,
+    TimeoutPhase,
+    UpstreamTimeout,
     first_event_timeout,
 )
 
@@ -128,3 +134,58 @@ def test_engines_that_leave_the_configuration_are_forgotten() -> None:
     times.observe("b", 1.0)
     times.forget({"b"})
     assert times.bound("a") is None and times.bound("b") is not None
+
+
+# --- the idle gap (on the loop, no sockets: the stream is its last-read stamp) --------------
+
+
+@dataclass
+class Stamped:
+    """What the gap watches of an engine stream: its last read, and whether reading is
+    held for the client."""
+
+    engine_name: str = "e0"
+    last_read_at: float = field(default_factory=time.monotonic)
+    paused: bool = False
+    timed_out: TimeoutPhase | None = None
+
+
+async def test_silence_past_the_gap_raises_an_idle_timeout() -> None:
+    stream = Stamped()
+    started = time.monotonic()
+    with pytest.raises(UpstreamTimeout) as raised:
+        async with IdleGap(stream, 0.05):
+            await asyncio.sleep(5)
+    assert 0.05 <= time.monotonic() - started < 1.0
+    assert (raised.value.phase, raised.value.engine, stream.timed_out) == ("idle", "e0", "idle")
+    assert "fleet.idle_timeout_s" in raised.value.message
+
+
+async def test_reads_within_the_gap_keep_it_open() -> None:
+    stream = Stamped()
+    async with IdleGap(stream, 0.1):
+        for _ in range(8):  # 0.32 s in all, three gaps' worth
+            await asyncio.sleep(0.04)
+            stream.last_read_at = time.monotonic()
+    assert stream.timed_out is None
+
+
+async def test_no_gap_runs_while_reading_is_held() -> None:
+    stream = Stamped(paused=True)
+    async with IdleGap(stream, 0.05):
+        await asyncio.sleep(0.3)
+        stream.paused = False
+        stream.last_read_at = time.monotonic()
+    assert stream.timed_out is None
+
+
+async def test_a_cancellation_from_elsewhere_stays_a_cancellation() -> None:
+    async def relay() -> None:
+        async with IdleGap(Stamped(), 5.0):
+            await asyncio.sleep(5)
+
+    task = asyncio.create_task(relay())
+    await asyncio.sleep(0.02)
+    task.cancel()  # the client went away
+    with pytest.raises(asyncio.CancelledError):
+        await task

@@ -216,19 +216,25 @@ class IdleGap:
     Reads only stamp `stream.last_read_at` (the stream takes the clock for its sink
     anyway): nothing is armed or cancelled per read. One timer is due at the last read
     plus the limit; when it fires early (bytes came since) it is set again from the last
-    read, so a live stream costs a timer per `limit` seconds, not one per event."""
+    read, so a live stream costs a timer per `limit` seconds, not one per event. Past the
+    limit it cancels the task, as `asyncio.timeout` does, and turns the cancellation into
+    the timeout on the way out (without an `asyncio.Timeout`, which costs as much again as
+    the rest: this runs once per relayed stream)."""
 
-    __slots__ = ("_limit", "_stream", "_timeout", "_timer", "fired")
+    __slots__ = ("_cancelling", "_limit", "_stream", "_task", "_timer", "fired")
 
     def __init__(self, stream: Watched, limit: float) -> None:
         self._stream = stream
         self._limit = limit
-        self._timeout = asyncio.timeout(None)
+        self._task: asyncio.Task[object] | None = None
+        self._cancelling = 0  # the task's pending cancellations on the way in
         self._timer: asyncio.TimerHandle | None = None
         self.fired = False
 
     async def __aenter__(self) -> IdleGap:
-        await self._timeout.__aenter__()
+        task = self._task = asyncio.current_task()
+        if task is not None:
+            self._cancelling = task.cancelling()
         self._arm(self._stream.last_read_at + self._limit)
         return self
 
@@ -238,14 +244,19 @@ class IdleGap:
         error: BaseException | None,
         traceback: TracebackType | None,
     ) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
+        timer = self._timer
+        if timer is not None:
+            timer.cancel()
             self._timer = None
-        try:
-            await self._timeout.__aexit__(kind, error, traceback)
-        except TimeoutError:
-            if not self.fired:
-                raise
+        if not self.fired:
+            return
+        task = self._task
+        # The cancellation was this gap's (none came from elsewhere): it becomes the timeout.
+        if (
+            task is not None
+            and task.uncancel() <= self._cancelling
+            and kind is asyncio.CancelledError
+        ):
             stream = self._stream
             raise UpstreamTimeout(
                 f"engine {stream.engine_name} sent nothing for {self._limit:g} s "
@@ -270,6 +281,9 @@ class IdleGap:
             self._arm(due)
             return
         self._timer = None
+        task = self._task
+        if task is None or task.done():
+            return
         self.fired = True
         stream.timed_out = "idle"
-        self._timeout.reschedule(asyncio.get_running_loop().time())
+        task.cancel()
