@@ -533,6 +533,7 @@ class Dispatcher:
                         idle_timeout_s=self._config.fleet.idle_timeout_s,
                     )
                     first = await first_event.wait(_first_events(stream), client.name)
+                    first_event.end()
                     self._first_event_times.observe(client.name, time.monotonic() - started)
                     self.gate.first_token(ticket)
                     if not request.stream:

@@ -1,5 +1,5 @@
 """The first-event limit's derivation and the engines' observed first-event times (sans-IO:
-values in, a number out, no clock), and the idle gap on a loop."""
+values in, a number out, no clock); the limit itself and the idle gap, on a loop."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from narwhal.engines.timeouts import (
     FLOOR_S,
     MAX_BACKOFF,
     PROJECTION_MULTIPLE,
+    FirstEventLimit,
     FirstEventTimes,
     IdleGap,
     TimeoutPhase,
@@ -187,5 +188,59 @@ async def test_a_cancellation_from_elsewhere_stays_a_cancellation() -> None:
     task = asyncio.create_task(relay())
     await asyncio.sleep(0.02)
     task.cancel()  # the client went away
+    with pytest.raises(asyncio.CancelledError):
+        await task
+
+
+# --- the first-event limit (on the loop) ---------------------------------------------------
+
+
+async def test_a_step_past_the_first_event_limit_raises_a_first_event_timeout() -> None:
+    limit = FirstEventLimit(0.05)
+    started = time.monotonic()
+    with pytest.raises(UpstreamTimeout) as raised:
+        await limit.wait(asyncio.sleep(5), "e1")
+    assert 0.05 <= time.monotonic() - started < 1.0
+    assert (raised.value.phase, raised.value.engine) == ("first_event", "e1")
+    assert "fleet.first_event_timeout_s" in raised.value.message
+
+
+async def test_the_limit_runs_from_the_attempt_s_start_over_every_step() -> None:
+    limit = FirstEventLimit(0.15)
+    assert await limit.wait(asyncio.sleep(0.1, "head"), "e0") == "head"
+    with pytest.raises(UpstreamTimeout):
+        await limit.wait(asyncio.sleep(0.1), "e0")  # 0.2 s in all
+
+
+async def test_past_the_limit_a_later_step_does_not_start() -> None:
+    limit = FirstEventLimit(0.01)
+    await asyncio.sleep(0.05)  # (between two steps)
+    started = []
+
+    async def step() -> None:
+        started.append(True)
+
+    with pytest.raises(UpstreamTimeout):
+        await limit.wait(step(), "e0")
+    assert not started
+
+
+async def test_an_ended_limit_no_longer_fires() -> None:
+    limit = FirstEventLimit(0.05)
+    await limit.wait(asyncio.sleep(0), "e0")
+    limit.end()
+    await asyncio.sleep(0.1)
+    assert not limit.expired
+
+
+async def test_without_a_limit_a_step_runs_as_it_is() -> None:
+    assert await FirstEventLimit(None).wait(asyncio.sleep(0.01, "done"), "e0") == "done"
+
+
+async def test_a_cancellation_from_elsewhere_is_not_a_first_event_timeout() -> None:
+    limit = FirstEventLimit(5.0)
+    task = asyncio.create_task(limit.wait(asyncio.sleep(5), "e0"))
+    await asyncio.sleep(0.02)
+    task.cancel()  # the request's deadline, or the client gone
     with pytest.raises(asyncio.CancelledError):
         await task

@@ -43,10 +43,10 @@ from __future__ import annotations
 import asyncio
 import math
 import time
-from collections.abc import Awaitable
+from collections.abc import Coroutine
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Final, Literal, Protocol, TypeGuard, TypeVar
+from typing import Any, Final, Literal, Protocol, TypeGuard, TypeVar
 
 from narwhal.engines.client import EngineUnavailable
 
@@ -171,27 +171,66 @@ class FirstEventTimes:
 
 
 class FirstEventLimit:
-    """One attempt's first-event limit, in loop time (None: the deadline's alone)."""
+    """One attempt's first-event limit (None: the deadline's alone): one timer from the
+    attempt's start, under which each step before the first event runs (`wait`); `end()`
+    once the first event is in hand.
 
-    __slots__ = ("at", "seconds")
+    Like `IdleGap`, it cancels the waiting task itself and turns the cancellation into
+    the timeout on the way out, rather than an `asyncio.Timeout` per step: this runs for
+    every request."""
+
+    __slots__ = ("_cancelling", "_task", "_timer", "expired", "seconds")
 
     def __init__(self, seconds: float | None) -> None:
         self.seconds = seconds
-        self.at = None if seconds is None else asyncio.get_running_loop().time() + seconds
+        self.expired = False
+        self._task: asyncio.Task[object] | None = None  # while a step waits
+        self._cancelling = 0
+        self._timer = (
+            None
+            if seconds is None
+            else asyncio.get_running_loop().call_later(seconds, self._expire)
+        )
 
-    async def wait(self, awaitable: Awaitable[_T], engine: str) -> _T:
-        """`await awaitable` (work on `engine` before its first event), raising
-        UpstreamTimeout if the limit passes first."""
-        if self.at is None:
-            return await awaitable
-        timeout = asyncio.timeout_at(self.at)
+    async def wait(self, step: Coroutine[Any, Any, _T], engine: str) -> _T:
+        """`await step` (work on `engine` before its first event), raising
+        UpstreamTimeout if the limit passes first; any failure ends the limit."""
+        if self._timer is None:
+            return await step
+        task = asyncio.current_task()
+        if self.expired or task is None:
+            self.end()
+            step.close()  # never started: no "never awaited" warning
+            raise self._timeout(engine)
+        self._task = task
+        self._cancelling = task.cancelling()
         try:
-            async with timeout:
-                return await awaitable
-        except TimeoutError:
-            if not timeout.expired():
-                raise
-        raise UpstreamTimeout(
+            return await step
+        except asyncio.CancelledError:
+            self.end()
+            if self.expired and task.uncancel() <= self._cancelling:
+                raise self._timeout(engine) from None
+            raise
+        except BaseException:
+            self.end()
+            raise
+        finally:
+            self._task = None
+
+    def end(self) -> None:
+        """The first event is in hand (or the attempt is over): no limit from now on."""
+        timer = self._timer
+        if timer is not None:
+            timer.cancel()
+
+    def _expire(self) -> None:
+        self.expired = True
+        task = self._task
+        if task is not None and not task.done():
+            task.cancel()
+
+    def _timeout(self, engine: str) -> UpstreamTimeout:
+        return UpstreamTimeout(
             f"engine {engine} sent no event within {self.seconds:.3g} s "
             "(fleet.first_event_timeout_s)",
             engine=engine,
