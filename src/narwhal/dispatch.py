@@ -14,7 +14,10 @@ fleet.max_attempts attempts, then 502. Every attempt owns its upstream response 
 closes it (success, error, timeout, disconnect, cancellation), so the engine sees a
 disconnect at once and no slot, count or connection is left behind. The request deadline
 covers everything: before headers a 504 `terminal_expiry`, after them an error event. So
-does a shutdown's drain deadline (`narwhal.drain`), with a 503 before headers.
+does a shutdown's drain deadline (`narwhal.drain`), with a 503 before headers. Within
+it, each attempt's phases have their own limits (`narwhal.engines.timeouts`): an engine
+that sends no first event in time is given up and the request placed again, one that
+goes silent after it fails the attempt (or, after headers, ends the stream).
 """
 
 from __future__ import annotations
@@ -36,6 +39,13 @@ from narwhal.drain import Drain
 from narwhal.engines.client import EngineClient, EngineUnavailable
 from narwhal.engines.prefill import run_prefill
 from narwhal.engines.stream import EngineStream, TruncatedStream
+from narwhal.engines.timeouts import (
+    FirstEventLimit,
+    FirstEventTimes,
+    TimeoutPhase,
+    UpstreamTimeout,
+    first_event_timeout,
+)
 from narwhal.errors import (
     BackendUnavailable,
     Outcome,
@@ -102,6 +112,7 @@ class RequestContext:
     span: Span = NO_SPAN  # the request's span; its phases' spans are children (tracing.py)
     engines: tuple[str, ...] = ()  # where its last attempt was placed
     served: Served | None = None  # set once an answer has gone (or is going) to the client
+    upstream_timeout: TimeoutPhase | None = None  # the last phase timeout that ended an attempt
 
 
 @dataclass(frozen=True, slots=True)
@@ -172,6 +183,8 @@ class StreamLease:
             metrics.expired.labels("shutdown" if ended_by_drain else "deadline_streaming").inc()
         elif outcome == "upstream_error":
             metrics.engine_series(self.stream.engine_name).failures["after_headers"].inc()
+        if self.stream.timed_out is not None:
+            dispatcher.timed_out(self.stream.engine_name, self.stream.timed_out, self.context)
         try:
             dispatcher.end_attempt(self.stream, self.context)
             dispatcher.count_served(self.stream, self.context, streamed=True)
@@ -266,6 +279,7 @@ class Dispatcher:
         self._prompt_counted = prompt_counted
         self._engine_count = engine_count
         self._addresses: list[tuple[str, str]] = []
+        self._first_event_times = FirstEventTimes()
         self.reconfigure(config)
         state.subscribe(self._state_changed)
 
@@ -278,6 +292,7 @@ class Dispatcher:
             metrics.engine_series(engine.name)
             if engine.role == "prefill":
                 metrics.prefill_series(engine.name)
+        self._first_event_times.forget({e.name for e in config.engines})
         # Engine addresses stay out of what clients read (the log keeps them).
         self._addresses = sorted(
             [(address, f"<{e.name}>") for e in config.engines for address in _addresses_of(e.url)]
@@ -352,6 +367,7 @@ class Dispatcher:
                 )
                 if projection is not None:
                     ticket.projected_ttft = projection.raw
+                    ticket.projected_upper = projection.upper
                     ticket.checked_at = now
             result = await self._attempts(request, context, ticket, deadline)
             leased = isinstance(result, StreamLease)
@@ -505,6 +521,8 @@ class Dispatcher:
             PLACEMENT, {"narwhal.attempt": attempt, "narwhal.engines": plan.engine_names}
         )
         trace = _AttemptTrace(placement)
+        started = time.monotonic()
+        first_event = self._first_event_limit(ticket, plan, attempt, deadline)
         try:
             try:
                 async with self.drain.timeout_at(deadline):
@@ -514,12 +532,15 @@ class Dispatcher:
                         with placement.child(
                             PREFILL, {"narwhal.engine": plan.prefill.name}
                         ) as half:
-                            body["kv_transfer_params"] = await run_prefill(
+                            prefill = run_prefill(
                                 self._clients[plan.prefill.name],
                                 request,
                                 request_id=context.request_id,
                                 client_authorization=context.authorization,
                                 trace=half.propagated(),
+                            )
+                            body["kv_transfer_params"] = await first_event.wait(
+                                prefill, plan.prefill.name
                             )
                         # The decode engine's TTFT holds this wait too; only this series
                         # says which prefill engine it was spent on.
@@ -529,13 +550,14 @@ class Dispatcher:
                         self.gate.prefill_answered(ticket)
                         working = plan.decode
                     trace.decode = placement.child(DECODE, {"narwhal.engine": client.name})
-                    response = await client.open_stream(
+                    opened = client.open_stream(
                         request.route,
                         body,
                         request_id=context.request_id,
                         client_authorization=context.authorization,
                         trace=trace.decode.propagated(),
                     )
+                    response = await first_event.wait(opened, client.name)
                     limit = self._config.max_event_bytes
                     if request.stream:
                         sink: StreamForwarder | StreamCollector = StreamForwarder(
@@ -549,14 +571,22 @@ class Dispatcher:
                             max_event_bytes=limit,
                             max_response_bytes=self._config.max_response_bytes,
                         )
-                    stream = EngineStream(client.name, response, sink)
-                    first = await _first_events(stream)
+                    stream = EngineStream(
+                        client.name,
+                        response,
+                        sink,
+                        idle_timeout_s=self._config.fleet.idle_timeout_s,
+                    )
+                    first = await first_event.wait(_first_events(stream), client.name)
+                    first_event.end()
+                    self._first_event_times.observe(client.name, time.monotonic() - started)
                     self.gate.first_token(ticket)
                     if not request.stream:
                         # Up to the engine's [DONE]: what follows is not the answer, and an
                         # engine that keeps its body open must not hold the client.
-                        while not stream.done and await stream.read() is not None:
-                            pass
+                        async with stream.idle_gap():
+                            while not stream.done and await stream.read() is not None:
+                                pass
                         await stream.settle(_DONE_GRACE_S)
                         # An answer that ended unfinished or without a choice fails here,
                         # like any engine output error before headers.
@@ -571,6 +601,8 @@ class Dispatcher:
             except _RETRYABLE as error:
                 trace.fail(error.message)
                 self.metrics.engine_series(working.name).failures["before_headers"].inc()
+                if isinstance(error, UpstreamTimeout):
+                    self.timed_out(working.name, error.phase, context)
                 return _Failed(working.name, error.message)
             if request.stream:
                 leased = True
@@ -582,6 +614,30 @@ class Dispatcher:
                 if stream is not None:
                     self.end_attempt(stream, context)
                 trace.end(stream)
+
+    def _first_event_limit(
+        self, ticket: Ticket, plan: Plan, attempt: int, deadline: float
+    ) -> FirstEventLimit:
+        """The attempt's first-event limit: configured, else derived from the projection
+        (the first attempt goes where admission projected it), else from what the engine
+        has been seen to take (`engines/timeouts.py`)."""
+        times = self._first_event_times
+        seconds = first_event_timeout(
+            self._config.fleet.first_event_timeout_s,
+            projected_s=ticket.projected_upper if attempt == 1 else None,
+            observed_s=times.bound(plan.decode.name),
+            budget_s=self._config.admission.ttft_target_s,
+            backoff=max(times.backoff(plan.first.name), times.backoff(plan.decode.name)),
+            remaining_s=deadline - asyncio.get_running_loop().time(),
+        )
+        return FirstEventLimit(seconds)
+
+    def timed_out(self, engine: str, phase: TimeoutPhase, context: RequestContext) -> None:
+        """A phase timeout ended an attempt on `engine`: counted, and on the access line."""
+        self.metrics.engine_series(engine).timeouts[phase].inc()
+        context.upstream_timeout = phase
+        if phase == "first_event":
+            self._first_event_times.timed_out(engine)
 
     def end_attempt(self, stream: EngineStream, context: RequestContext) -> None:
         """Close the engine stream and account what it produced."""

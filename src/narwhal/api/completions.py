@@ -223,6 +223,7 @@ class CompletionFront:
             None if served is None else served.completion_tokens,
             None if served is None else served.ttft_s,
             duration,
+            None if context is None else context.upstream_timeout,
         )
         if span.recording:
             span.set(entry.span_attributes())
