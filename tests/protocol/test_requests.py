@@ -135,9 +135,21 @@ def test_wrong_type_in_an_interpreted_completion_field_names_it(
     assert error.param == param
 
 
-@pytest.mark.parametrize("prompt", ["text", ["a", "b"], [1, 2, 3], [[1, 2], [3]]])
-def test_every_openai_prompt_form_is_accepted(prompt: Any) -> None:
+@pytest.mark.parametrize("prompt", ["text", ["a"], [1, 2, 3], [[1, 2]]])
+def test_every_openai_form_of_one_prompt_is_accepted(prompt: Any) -> None:
+    """A flat list of IDs is one prompt, and so is a batch of one."""
     parse_request(completion(prompt=prompt), "completion", model=MODEL)
+
+
+@pytest.mark.parametrize("prompt", [["a", "b"], [[1, 2], [3]], ["a", [1, 2]]])
+def test_a_batch_of_prompts_is_a_400_naming_prompt(prompt: Any) -> None:
+    """vLLM answers a batch with one choice per prompt; the router sizes, projects and
+    places one prompt per request, so it refuses a batch itself, before any engine work,
+    rather than blaming the engines for an answer it cannot relay."""
+    error = refuse(completion(prompt=prompt), "completion")
+    assert error.status == 400 and error.outcome == "invalid"
+    assert error.param == "prompt" and error.code is None
+    assert f"holds {len(prompt)} prompts" in error.message
 
 
 def test_other_model_is_404_model_not_found() -> None:

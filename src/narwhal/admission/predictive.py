@@ -102,12 +102,7 @@ class PredictiveCheck:
         book = self._book
         if book.upper(projection.solo) > self.budget:
             self._count("prompt")
-            raise PromptExceedsTtftBudget(
-                f"The prompt alone ({request.prompt_tokens} tokens) would take longer than "
-                f"the TTFT budget of {self.budget:g} s on every engine; shorten the prompt "
-                "or raise admission.ttft_target_s.",
-                param="messages" if request.route == "chat" else "prompt",
-            )
+            raise self._prompt_refusal(request)
         left = self.budget - (now - arrived)
         overrun = projection.upper - left
         if overrun > 0:
@@ -119,6 +114,27 @@ class PredictiveCheck:
                 retry_after=retry_after,
             )
         return projection
+
+    def _prompt_refusal(self, request: PlacementRequest) -> PromptExceedsTtftBudget:
+        """The prompt-alone 429, with the advice that can help: where the prompt (as
+        sized here, maybe an estimate the context check let through) fills the model's
+        whole context, no budget would serve it, and raising one is no advice."""
+        tokens = request.prompt_tokens
+        param = "messages" if request.route == "chat" else "prompt"
+        limit = self._registry.max_model_len()
+        if limit is not None and tokens >= limit:
+            return PromptExceedsTtftBudget(
+                f"The prompt (about {tokens} tokens) leaves no room for output in the "
+                f"model's context of {limit} tokens, and would take longer than the TTFT "
+                f"budget of {self.budget:g} s on every engine besides; shorten the prompt.",
+                param=param,
+            )
+        return PromptExceedsTtftBudget(
+            f"The prompt alone ({tokens} tokens) would take longer than the TTFT budget of "
+            f"{self.budget:g} s on every engine; shorten the prompt or raise "
+            "admission.ttft_target_s.",
+            param=param,
+        )
 
     def _count(self, reason: str) -> None:
         if self._refused is not None:

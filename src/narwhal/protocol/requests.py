@@ -43,6 +43,7 @@ class CompletionRequest:
     continuous_usage: bool
     return_token_ids: bool
     max_tokens: int | None
+    echo: bool = False
 
 
 def parse_request(raw: bytes, route: Route, *, model: str) -> CompletionRequest:
@@ -70,7 +71,7 @@ def parse_request(raw: bytes, route: Route, *, model: str) -> CompletionRequest:
     )
     return_token_ids = _optional_bool(body, "return_token_ids") or False
     _check_logprobs(body, route)
-    _optional_bool(body, "echo")
+    echo = _optional_bool(body, "echo") or False
     tool_types = _check_tools(body)
     _check_tool_choice(body)
     modalities = _check_modalities(body)
@@ -112,6 +113,7 @@ def parse_request(raw: bytes, route: Route, *, model: str) -> CompletionRequest:
         continuous_usage=continuous_usage,
         return_token_ids=return_token_ids,
         max_tokens=max_completion_tokens if max_completion_tokens is not None else max_tokens,
+        echo=echo,
     )
 
 
@@ -221,6 +223,15 @@ def _check_prompt(body: Mapping[str, Any]) -> None:
         if isinstance(item, list) and item and all(_is_int(t) for t in item):
             continue
         raise _type_error(f"prompt.{i}", "a string or an array of token ids", item)
+    if len(prompt) > 1:
+        # A batch: vLLM answers one choice per prompt, but the router admits, sizes,
+        # projects and places one prompt per request. Refused here, before any engine
+        # work, rather than sent as one request of a size no projection was made for.
+        raise InvalidRequest(
+            f"'prompt' holds {len(prompt)} prompts; this router serves one prompt per "
+            "request: send each prompt as its own request.",
+            param="prompt",
+        )
 
 
 def _check_stream_options(body: Mapping[str, Any], stream: bool) -> tuple[bool, bool]:

@@ -23,7 +23,13 @@ from narwhal.sim.emit import Emitter
 from narwhal.sim.events import SimError, merge_parts
 from narwhal.sim.kv import pull_blocks
 from narwhal.sim.model import Sequence
-from narwhal.sim.request import ParsedRequest, check_context, decode_body, interpret
+from narwhal.sim.request import (
+    CompletionBody,
+    ParsedRequest,
+    check_context,
+    decode_body,
+    interpret,
+)
 from narwhal.sim.runtime import SimRuntime
 from narwhal.sim.scenarios import ScenarioError, Scenarios, parse_directives
 from narwhal.sim.script import TOKENIZER, GenerationRequest, Script, build_script
@@ -208,6 +214,10 @@ class CompletionRoutes:
             sglext_output=bool(body.return_output_ids_in_sglext)
             or headers.get("x-sglext-return-output-ids") == "1",
             sglext_framed=headers.get("x-sglext-ids-framed") == "1",
+            echo_text=parsed.directive_text
+            if dialect == "vllm" and isinstance(body, CompletionBody) and body.echo
+            else None,
+            prompt_logprobs=body.prompt_logprobs if dialect == "vllm" else None,
         )
 
     def _hold_blocks(self, plan: _Plan) -> None:
