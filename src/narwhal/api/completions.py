@@ -38,7 +38,7 @@ from narwhal.protocol.headers import (
     check_content_type,
     request_timeout,
 )
-from narwhal.protocol.requests import Route, parse_request
+from narwhal.protocol.requests import Route, check_one_prompt, parse_request
 from narwhal.protocol.trace_context import TRACEPARENT, TRACESTATE, TraceContext, trace_context
 from narwhal.sizing import WorkloadSizer
 from narwhal.state import RouterState
@@ -109,6 +109,7 @@ class CompletionFront:
             check_content_encoding(headers.getall(CONTENT_ENCODING, []))
             raw = await read_limited_body(http, self._config.serving.max_request_bytes, deadline)
             parsed = parse_request(raw, route, model=self._config.model)
+            check_one_prompt(parsed)
             streaming = parsed.stream
             # Cheap refusals first: a router that may not admit says so before sizing.
             reason = self._state.unavailable_reason()

@@ -117,6 +117,21 @@ def parse_request(raw: bytes, route: Route, *, model: str) -> CompletionRequest:
     )
 
 
+def check_one_prompt(request: CompletionRequest) -> None:
+    """Refuse a batch of prompts (a list of strings or of ID lists, more than one; a flat
+    list of IDs is one prompt): vLLM answers one choice per prompt, but the router admits,
+    sizes, projects and places one prompt per request, so a batch is refused before any
+    engine work (400 naming `prompt`) rather than sent as a request no projection was
+    made for, whose answer the relay could not account choice by choice."""
+    prompt = request.body.get("prompt") if request.route == "completion" else None
+    if isinstance(prompt, list) and len(prompt) > 1 and not _is_int(prompt[0]):
+        raise InvalidRequest(
+            f"'prompt' holds {len(prompt)} prompts; this router serves one prompt per "
+            "request: send each prompt as its own request.",
+            param="prompt",
+        )
+
+
 # --- field checks -----------------------------------------------------------------------------
 
 
@@ -223,15 +238,6 @@ def _check_prompt(body: Mapping[str, Any]) -> None:
         if isinstance(item, list) and item and all(_is_int(t) for t in item):
             continue
         raise _type_error(f"prompt.{i}", "a string or an array of token ids", item)
-    if len(prompt) > 1:
-        # A batch: vLLM answers one choice per prompt, but the router admits, sizes,
-        # projects and places one prompt per request. Refused here, before any engine
-        # work, rather than sent as one request of a size no projection was made for.
-        raise InvalidRequest(
-            f"'prompt' holds {len(prompt)} prompts; this router serves one prompt per "
-            "request: send each prompt as its own request.",
-            param="prompt",
-        )
 
 
 def _check_stream_options(body: Mapping[str, Any], stream: bool) -> tuple[bool, bool]:
