@@ -468,6 +468,7 @@ class Dispatcher:
             token_ids=ids,
             prompt_ids=request.return_token_ids or echoes(request),
             choices=CHOICES,
+            echo=request.route == "chat" and request.echo,
         )
         ticket.output = tracker
         # Answered only unstreamed by this engine (unstreamed.py): one request, one answer.

@@ -161,6 +161,45 @@ async def test_an_echo_with_ids_is_blanked_as_vllm_blanks_it(
     assert len(relayed["token_ids"]) == 6
 
 
+def continued(**fields: Any) -> dict[str, Any]:
+    """A chat whose last message is the assistant's, which vLLM's echo sends back."""
+    messages = [
+        {"role": "user", "content": "Tell me a story"},
+        {"role": "assistant", "content": "Once upon a time"},
+    ]
+    return chat(messages=messages, echo=True, max_tokens=6, **fields)
+
+
+async def test_a_chat_echo_is_relayed_not_blamed_on_the_engine(
+    router: NarwhalProcess, sim: NarwhalProcess, arrivals: Path
+) -> None:
+    """vLLM sends chat's echo as an event without IDs, whatever was asked: not output,
+    so not a missing-ID failure (it was a 502 after two attempts)."""
+    streamed = [continued(stream=True), continued(stream=True, return_token_ids=True)]
+    directs = [await send(sim.url, body) for body in streamed]
+    body = continued()
+    direct_answer = (await send(sim.url, body)).json()
+    books = await Books.open(router, arrivals)
+    for streamed_body, direct in zip(streamed, directs, strict=True):
+        relayed = await send(router.url, streamed_body)
+        assert relayed.status == 200, relayed.raw
+        events = data_events(relayed)
+        assert events[1]["choices"][0]["delta"] == {"content": "Once upon a time"}
+        assert [without_identity(e) for e in events] == [
+            without_identity(e) for e in data_events(direct)
+        ]
+    reply = await send(router.url, body)
+    assert reply.status == 200, reply.raw
+    content = reply.json()["choices"][0]["message"]["content"]
+    assert content == direct_answer["choices"][0]["message"]["content"]
+    assert content.startswith("Once upon a time") and len(content) > len("Once upon a time")
+    changes = await books.changes(router)
+    assert outcome(changes, "completed") == 3 and engine_failures(changes) == 0
+    assert books.engine_requests(arrivals) == 3
+    assert completion_tokens(changes, "chat", True) == 12  # the echo is no output
+    assert completion_tokens(changes, "chat", False) == 6
+
+
 # --- prompt_logprobs: answered only without streaming -----------------------------------
 
 

@@ -132,7 +132,14 @@ class CompletionFront:
                 response = json_response(served.body, request_id=request_id)
                 return response
             relaying = True
-            response, outcome, written = await self._relay(http, served)
+            try:
+                response, outcome, written = await self._relay(http, served)
+                if outcome == "completed":
+                    # The client has the whole stream: its outcome is settled before this
+                    # wait, which a client closing its connection now may cancel.
+                    await served.drain()
+            finally:
+                served.finish(outcome)
             return response
         except NarwhalError as error:
             outcome = error.outcome
@@ -232,24 +239,18 @@ class CompletionFront:
     async def _relay(
         self, http: web.Request, lease: StreamLease
     ) -> tuple[web.StreamResponse, Outcome, float]:
-        """Write the leased stream to the client; the lease is finished whatever happens.
-        Also returns when the last byte was written (before the engine's end is drained)."""
-        outcome: Outcome = "client_gone"  # if this task is cancelled (the client went away)
-        try:
-            response, outcome = await relay_stream(
-                http,
-                lease.stream,
-                lease.first,
-                lease.context.request_id,
-                lease.deadline,
-                lease.shutdown,
-            )
-            written = time.monotonic()
-            if outcome == "completed":
-                await lease.drain()
-            return response, outcome, written
-        finally:
-            lease.finish(outcome)
+        """Write the leased stream to the client (the caller finishes the lease whatever
+        happens; cancelled here, the client went away). Also returns when the last byte
+        was written (before the engine's end is drained)."""
+        response, outcome = await relay_stream(
+            http,
+            lease.stream,
+            lease.first,
+            lease.context.request_id,
+            lease.deadline,
+            lease.shutdown,
+        )
+        return response, outcome, time.monotonic()
 
 
 def _client_trace(http: web.Request) -> TraceContext | None:

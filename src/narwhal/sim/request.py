@@ -66,6 +66,7 @@ class ChatBody(_Body, kw_only=True):
     max_completion_tokens: int | None = None
     logprobs: bool | None = False
     top_logprobs: int | None = None
+    echo: bool | None = False
 
 
 class CompletionBody(_Body, kw_only=True):

@@ -52,6 +52,9 @@ class ShapeContext:
     # IDs were asked (vLLM then blanks it: completion/serving.py); the echo chunk carries
     # the prompt's IDs either way.
     echo_text: str | None = None
+    # Chat's `echo`: the last message's text, when it is the assistant's (vLLM echoes the
+    # message whose role the answer continues), sent after the role chunk without IDs.
+    chat_echo: str | None = None
     # `prompt_logprobs` (non-streaming only): how many top logprobs per prompt token.
     prompt_logprobs: int | None = None
 
@@ -254,7 +257,7 @@ class VllmShape:
         if not self.ctx.chat:
             return b""
         ids = _encode(self.ctx.prompt_ids) if self.ctx.return_token_ids else _NULL
-        return b"".join(
+        role = b"".join(
             (
                 self.choice_head,
                 b'"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}]',
@@ -264,6 +267,19 @@ class VllmShape:
                 b',"prompt_text":null}\n\n',
             )
         )
+        if not self.ctx.chat_echo:
+            return role
+        echo = b"".join(
+            (
+                self.choice_head,
+                b'"delta":',
+                _encode({"content": self.ctx.chat_echo}),
+                b',"logprobs":null,"finish_reason":null}]',
+                self._usage_piece(0),
+                b"}\n\n",
+            )
+        )
+        return role + echo
 
     def chunk(self, event: Event) -> bytes:
         final = event.finish_reason is not None
@@ -406,6 +422,12 @@ class VllmShape:
         )  # fmt: skip
 
     def _message(self, delta: Delta) -> dict[str, Any]:
+        message = self._generated_message(delta)
+        if self.ctx.chat_echo:
+            message["content"] = self.ctx.chat_echo + (message["content"] or "")
+        return message
+
+    def _generated_message(self, delta: Delta) -> dict[str, Any]:
         calls = merge_calls(delta.tool_calls)
         function_call = None
         if delta.function_name is not None:
