@@ -167,7 +167,8 @@ class CompletionFront:
             response.force_close()  # where the next request would begin is unknown
             return response
         except (ConnectionError, asyncio.CancelledError):
-            outcome = "client_gone"
+            if written is None:  # (after a whole relay, its outcome stands: see above)
+                outcome = "client_gone"
             if not sized:
                 metrics.unsized_offered.inc()
             raise
