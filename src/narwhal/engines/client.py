@@ -3,7 +3,9 @@
 Every engine request is a POST that asks for a stream (DESIGN.md section 4), sent on the
 router's lean keep-alive pool (`upstream.py`); the answer is either an open
 `UpstreamResponse` with status 200 or an exception from the tree in `narwhal.errors`,
-marked retryable when another placement could succeed:
+marked retryable when another placement could succeed. (`post_json` asks without a
+stream: a P/D prefill half, and what vLLM answers only unstreamed, `unstreamed.py`.)
+An engine's refusal of the body keeps the field it named (vLLM's `param`):
 
     InvalidRequest (400)      the engine refused the body itself (400, 413, 422): the
                               client's request is bad wherever it runs; not retried
