@@ -7,7 +7,8 @@
         [prefill engine: one token, kv_transfer_params] ─▶ decode attempt: open the stream,
                                                             read its first events
           ─▶ streaming: a `StreamLease` (the api relays it, then finishes it)
-          ─▶ non-streaming: the whole stream assembled into one `Assembled` body
+          ─▶ non-streaming: the whole stream assembled into one `Assembled` body (or,
+             for what vLLM answers only unstreamed, its one answer relayed: unstreamed.py)
 
 No HTTP here: the api layer owns the client side (parsing, writing, the relay). At most
 fleet.max_attempts attempts, then 502. Every attempt owns its upstream response and
@@ -25,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, replace
@@ -57,11 +59,14 @@ from narwhal.fleet.monitor import FleetMonitor
 from narwhal.metrics import RouterMetrics
 from narwhal.models.lengths import OutputLengths
 from narwhal.protocol.assembly import Assembler
+from narwhal.protocol.context import check_context_length
+from narwhal.protocol.echo import echo_text, echoes, engine_token_ids
 from narwhal.protocol.events import EngineError, EngineOutputError
 from narwhal.protocol.exposure import Exposure
 from narwhal.protocol.forward import StreamCollector, StreamForwarder
 from narwhal.protocol.requests import CompletionRequest, Route
 from narwhal.protocol.tracker import OutputTracker
+from narwhal.protocol.unstreamed import relay_answer, unstreamed_field
 from narwhal.protocol.upstream import CHOICES, upstream_body
 from narwhal.protocol.usage import usage_tokens
 from narwhal.scheduler.placement import PlacementRequest
@@ -69,6 +74,7 @@ from narwhal.scheduler.registry import EngineRegistry
 from narwhal.scheduler.scheduler import Plan, Scheduler
 from narwhal.sizing import PromptSize
 from narwhal.sizing.bounds import context_fit, needs_engine_count
+from narwhal.sizing.calibration import MIN_RATIO
 from narwhal.state import RouterState
 from narwhal.tracing import ADMISSION_WAIT, DECODE, NO_SPAN, PLACEMENT, PREFILL, Span
 
@@ -350,6 +356,7 @@ class Dispatcher:
         self._check_state()
         if not self.scheduler.has_path():
             raise BackendUnavailable("No placement-eligible engine serves this request.")
+        self._check_context_length(request, context)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + (context.deadline - time.monotonic())
         self.gate.hold()
@@ -358,6 +365,8 @@ class Dispatcher:
         try:
             if self._check is not None:
                 await self._settle_size(request, context, ticket, self._check)
+                if context.prompt_size is not None and context.prompt_size.settled:
+                    self._check_context_length(request, context)  # now on the exact count
                 now = time.monotonic()
                 projection = self._check.check(
                     ticket.request,
@@ -392,7 +401,7 @@ class Dispatcher:
         placement = ticket.request
         now = time.monotonic()
         queued = len(self.gate.controller.queue)
-        context_len = self._context_len()
+        context_len = self.registry.max_model_len()
 
         def verdict(tokens: int) -> tuple[str, bool]:
             sized = replace(placement, prompt_tokens=tokens)
@@ -421,7 +430,7 @@ class Dispatcher:
             return sized if blocks is None else replace(sized, prefix=blocks)
         budget = self._config.admission.ttft_target_s
         cap = request.max_tokens
-        context_len = self._context_len()
+        context_len = self.registry.max_model_len()
         if context_len is not None:
             # The output cannot run past the model's context, whatever max_tokens says.
             room = max(1, context_len - context.prompt_tokens)
@@ -435,14 +444,24 @@ class Dispatcher:
             prefix=blocks,
         )
 
-    def _context_len(self) -> int | None:
-        """The model's context length, as the engines' /v1/models gave it (the smallest)."""
-        known = [
-            entry.health.max_model_len
-            for entry in self.registry.entries.values()
-            if entry.health is not None and entry.health.max_model_len is not None
-        ]
-        return min(known) if known else None
+    def _check_context_length(self, request: CompletionRequest, context: RequestContext) -> None:
+        """The 400 for a request that cannot fit the engines' context, before any work.
+        A prompt whose count is not exact is held to the least the engines' count can be:
+        the low end of its calibrated bounds, or for a plain estimate (open mode) the
+        least calibration ever takes it to, MIN_RATIO of it."""
+        limit = self.registry.max_model_len()
+        if limit is None:
+            return
+        size = context.prompt_size
+        if size is None or size.settled:
+            check_context_length(request, least=context.prompt_tokens, exact=True, limit=limit)
+            return
+        if size.source == "estimate":
+            estimated = size.tokens if size.estimated is None else size.estimated
+            least = max(1, math.ceil(MIN_RATIO * estimated))
+        else:
+            least = max(1, size.low)
+        check_context_length(request, least=least, exact=False, limit=limit)
 
     def release(self, ticket: Ticket) -> None:
         """The request is over: its slots, placement and retention go back."""
@@ -500,20 +519,31 @@ class Dispatcher:
         serve the request. Whatever the end, the attempt's engine stream is closed and
         its buffers released before this returns (a lease keeps its stream open)."""
         client = self._clients[plan.decode.name]
+        # (An echo of token IDs is sent without asking for IDs: echo.py.)
+        ids = request.route in client.capabilities.token_ids_on and engine_token_ids(request)
         exposure = Exposure(
             token_ids=request.return_token_ids,
             usage=request.include_usage,
             continuous_usage=request.continuous_usage,
             null_usage=client.capabilities.null_usage,
             null_ids=client.capabilities.null_ids,
+            echo=echoes(request),
+            echo_text=echo_text(request) if ids else None,
         )
         tracker = OutputTracker(
             request.route,
-            token_ids=request.route in client.capabilities.token_ids_on,
-            prompt_ids=request.return_token_ids,
+            token_ids=ids,
+            prompt_ids=request.return_token_ids or echoes(request),
             choices=CHOICES,
+            echo=request.route == "chat" and request.echo,
         )
         ticket.output = tracker
+        # Answered only unstreamed by this engine (unstreamed.py): one request, one answer.
+        whole = (
+            not request.stream
+            and client.capabilities.answers_unstreamed
+            and unstreamed_field(request) is not None
+        )
         stream: EngineStream | None = None
         working = plan.first  # the engine a failure now would be on
         leased = False
@@ -526,7 +556,7 @@ class Dispatcher:
         try:
             try:
                 async with self.drain.timeout_at(deadline):
-                    body = upstream_body(request, client.dialect)
+                    body = upstream_body(request, client.dialect, streamed=not whole)
                     if plan.prefill is not None:
                         sent = time.monotonic()
                         with placement.child(
@@ -550,6 +580,14 @@ class Dispatcher:
                         self.gate.prefill_answered(ticket)
                         working = plan.decode
                     trace.decode = placement.child(DECODE, {"narwhal.engine": client.name})
+                    if whole:
+                        # One answer at the end: the first event is the whole answer.
+                        return await first_event.wait(
+                            self._answer_whole(
+                                client, request, context, body, tracker, exposure, trace.decode
+                            ),
+                            client.name,
+                        )
                     opened = client.open_stream(
                         request.route,
                         body,
@@ -638,6 +676,46 @@ class Dispatcher:
         context.upstream_timeout = phase
         if phase == "first_event":
             self._first_event_times.timed_out(engine)
+
+    async def _answer_whole(
+        self,
+        client: EngineClient,
+        request: CompletionRequest,
+        context: RequestContext,
+        body: dict[str, Any],
+        tracker: OutputTracker,
+        exposure: Exposure,
+        span: Span,
+    ) -> Assembled:
+        """Ask the engine without streaming and relay its answer (`unstreamed.py`), with
+        the accounting of a streamed answer less its timing: output tokens, the engine's
+        prompt count, the output length learnt. No first token is marked: one answer at
+        the end says nothing of the prefill, so its slot stays a prefill slot."""
+        answer = await client.post_json(
+            request.route,
+            body,
+            request_id=context.request_id,
+            client_authorization=context.authorization,
+            trace=span.propagated(),
+            max_bytes=self._config.max_response_bytes,
+        )
+        relayed = relay_answer(answer, tracker, exposure, time.monotonic())
+        tokens, source = tracker.output_tokens()
+        series = self.metrics.engine_series(client.name)
+        if tokens:
+            series.output_tokens[source].inc(tokens)
+        usage = None if tracker.usage is None else usage_tokens(tracker.usage)[0]
+        size = context.prompt_size
+        if self._prompt_counted is not None and size is not None and usage:
+            self._prompt_counted(request.route, size, usage)
+        if self._lengths is not None and source != "events":
+            self._lengths.observe(request.route, context.prompt_tokens, tokens)
+        prompt = context.prompt_tokens if usage is None else usage
+        served = self.metrics.request_series(request.route, False)
+        served.prompt_tokens.inc(prompt)
+        served.completion_tokens.inc(tokens)
+        context.served = Served(prompt, tokens, None)
+        return Assembled(relayed)
 
     def end_attempt(self, stream: EngineStream, context: RequestContext) -> None:
         """Close the engine stream and account what it produced."""
