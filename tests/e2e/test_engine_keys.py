@@ -17,7 +17,7 @@ from typing import Any
 
 import aiohttp
 
-from tests.e2e.conftest import MODEL, chat, send, sim_process
+from tests.e2e.conftest import MODEL, chat, send, settle, sim_process
 from tests.processes import NarwhalProcess, router_process
 
 ENGINE_KEY = "engine-key-0123"
@@ -54,6 +54,9 @@ async def ready(url: str, timeout: float = 20) -> dict[str, Any]:
             await asyncio.sleep(0.05)
 
 
+LONG = "Once upon a time there was a router that sized every prompt it was given " * 3
+
+
 def engine(sim: NarwhalProcess, **fields: Any) -> dict[str, Any]:
     return {"name": "e0", "url": sim.url, **fields}
 
@@ -68,11 +71,19 @@ async def test_every_request_to_the_engine_carries_its_key_and_never_the_clients
         config = {"model": MODEL, "engines": [engine(sim, api_key_env="NARWHAL_TEST_ENGINE_KEY")]}
         with router_process(config, env={"NARWHAL_TEST_ENGINE_KEY": ENGINE_KEY}) as router:
             assert (await ready(router.url))["ready"]
-            for body in (chat(max_tokens=4), chat(max_tokens=4, stream=True)):
+            # Prompts long enough to teach the estimate's bounds, so the engine counts them.
+            for body in (chat(LONG, max_tokens=4), chat(LONG, max_tokens=4, stream=True)):
                 reply = await send(router.url, body, headers=CLIENT)
                 assert reply.status == 200, reply.raw
-            completion = {"model": MODEL, "prompt": "Once upon a time", "max_tokens": 4}
+            completion = {"model": MODEL, "prompt": LONG, "max_tokens": 4}
             assert (await send(router.url, completion, headers=CLIENT)).status == 200
+            # Prompts are counted by the engine in the background (no decision here waits
+            # for it): before the router stops, one count has been answered.
+            values = await settle(
+                router.url,
+                lambda v: v.get('narwhal_tokenize_calls_total{result="answered"}', 0) >= 1,
+            )
+            assert values.get('narwhal_tokenize_calls_total{result="answered"}', 0) >= 1
     seen = requests_seen(log)
     paths = {(method, path) for method, path, _, _ in seen}
     assert {
@@ -99,7 +110,11 @@ async def test_sizing_by_a_guarded_tokenize_endpoint(tmp_path: Path) -> None:
         }
         with router_process(config) as router:
             assert (await ready(router.url))["ready"]
-            assert (await send(router.url, chat(max_tokens=4))).status == 200
+            assert (await send(router.url, chat(LONG, max_tokens=4))).status == 200
+            await settle(
+                router.url,
+                lambda v: v.get('narwhal_tokenize_calls_total{result="answered"}', 0) >= 1,
+            )
     tokenize = [s for s in requests_seen(log) if s[1] == "/tokenize"]
     assert tokenize and all(s[2:] == (200, f"Bearer {ENGINE_KEY}") for s in tokenize)
 
