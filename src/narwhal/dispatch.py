@@ -352,6 +352,7 @@ class Dispatcher:
                 )
                 if projection is not None:
                     ticket.projected_ttft = projection.raw
+                    ticket.bound_ttft = projection.upper
                     ticket.checked_at = now
             result = await self._attempts(request, context, ticket, deadline)
             leased = isinstance(result, StreamLease)

@@ -10,6 +10,7 @@ leaves early (admission wait expired, client gone) is removed lazily.
 from __future__ import annotations
 
 import heapq
+import math
 import itertools
 from dataclasses import dataclass, field
 from enum import Enum
@@ -54,6 +55,7 @@ class Ticket:
     # Predictive admission: the TTFT projected when the request was checked (seconds
     # from `checked_at`), compared with what it turns into at its first token.
     projected_ttft: float | None = None
+    bound_ttft: float = math.inf  # the bound admission held the projection to, likewise
     checked_at: float = 0.0
     output: OutputTracker | None = None  # the current attempt's output, as it arrives
 

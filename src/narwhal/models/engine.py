@@ -378,11 +378,13 @@ class EngineModel:
         return self.service(prompt_tokens, 0.0)
 
     def backlog(self, now: float, decoding: float = 0.0) -> float:
-        """Seconds of prefill work ahead of a request placed now."""
+        """Seconds of prefill work ahead of a request placed now (by the lane, or by the
+        rate the engine clears prompts at, whichever says more)."""
         if not len(self.lane):
             return 0.0
-        _, ahead = self.lane.project(0, now, self.step_costs(decoding), self._rate.value(now))
-        return ahead
+        _, ahead = self.lane.project(0, now, self.step_costs(decoding), 0.0)
+        cleared = self.throughput.ahead(now) * self.throughput.seconds_per_token(decoding)
+        return max(ahead, cleared)
 
     def utilisation(self, now: float) -> float:
         """The share of the engine's time the prefill placed there takes (rho)."""

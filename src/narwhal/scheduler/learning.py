@@ -62,7 +62,7 @@ class PlacementLearning:
         projected = ticket.projected_ttft
         if projected is not None:
             ticket.projected_ttft = None  # one measurement per request, retries included
-            self.book.ttft_measured(projected, now - ticket.checked_at)
+            self.book.ttft_measured(projected, now - ticket.checked_at, ticket.bound_ttft)
         batch = decoding_on(decode)
         stretch = 1.0 if model is None else model.stretch(batch, now)
         self._decode_start[ticket] = (batch, stretch, now)
