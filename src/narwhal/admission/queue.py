@@ -10,8 +10,8 @@ leaves early (admission wait expired, client gone) is removed lazily.
 from __future__ import annotations
 
 import heapq
-import math
 import itertools
+import math
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import TYPE_CHECKING
