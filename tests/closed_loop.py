@@ -248,7 +248,7 @@ class ClosedLoop:
                 return record
             if projection is not None:
                 ticket.projected_ttft = projection.raw
-                ticket.bound_ttft = projection.upper
+                ticket.projected_upper = projection.upper
                 ticket.checked_at = self.now
                 record.checked_upper = projection.upper
                 record.expected = projection.expected

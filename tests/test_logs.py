@@ -92,6 +92,7 @@ def test_the_access_line_in_json_has_its_fields(logged: io.StringIO) -> None:
         "completion_tokens": 8,
         "ttft_s": 0.012346,
         "duration_s": 0.25,
+        "upstream_timeout": None,
     }
 
 
@@ -107,14 +108,18 @@ def test_unknowns_are_null_in_json(logged: io.StringIO) -> None:
 def test_the_access_line_in_text_is_key_value_pairs() -> None:
     assert str(entry()) == (
         "request_id=client-1-abc route=chat stream=true status=200 outcome=completed "
-        "engines=p0,d0 prompt_tokens=12 completion_tokens=8 ttft_s=0.012346 duration_s=0.250000"
+        "engines=p0,d0 prompt_tokens=12 completion_tokens=8 ttft_s=0.012346 duration_s=0.250000 "
+        "upstream_timeout=-"
     )
     unknown = entry(status=None, engines=(), prompt_tokens=None, completion_tokens=None,
                     ttft_s=None, stream=False)  # fmt: skip
     assert str(unknown) == (
         "request_id=client-1-abc route=chat stream=false status=- outcome=completed "
-        "engines=- prompt_tokens=- completion_tokens=- ttft_s=- duration_s=0.250000"
+        "engines=- prompt_tokens=- completion_tokens=- ttft_s=- duration_s=0.250000 "
+        "upstream_timeout=-"
     )
+    timed_out = entry(upstream_timeout="first_event")
+    assert str(timed_out).endswith(" upstream_timeout=first_event")
 
 
 def test_the_access_log_off_or_above_info_writes_nothing(logged: io.StringIO) -> None:

@@ -139,6 +139,14 @@ class FleetConfig(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True)
     # Generous: a busy engine answers /health late, and a false "down" refuses real work.
     probe_timeout_s: PositiveSeconds = 2.0
     max_attempts: PositiveInt = 2
+    # How long an engine that took a request may take to its first event before the
+    # attempt is abandoned and the request placed elsewhere (engines/timeouts.py). Null:
+    # derived per attempt from the projected TTFT, else the engine's observed first-event
+    # times, else 30 s; always within the request's deadline.
+    first_event_timeout_s: PositiveSeconds | None = None
+    # After the first event, the longest silence (no byte at all) from an engine: past it
+    # a stream ends with an error event, a non-streaming attempt fails.
+    idle_timeout_s: PositiveSeconds = 60.0
     # How to choose among eligible engines: by load (Narwhal's own in-flight work corrected
     # by the engines' metrics; projected TTFT in predictive mode), by load with the
     # prompt tokens each engine has in its prefix cache priced off (cache_aware), or round

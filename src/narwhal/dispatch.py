@@ -7,14 +7,18 @@
         [prefill engine: one token, kv_transfer_params] ─▶ decode attempt: open the stream,
                                                             read its first events
           ─▶ streaming: a `StreamLease` (the api relays it, then finishes it)
-          ─▶ non-streaming: the whole stream assembled into one `Assembled` body
+          ─▶ non-streaming: the whole stream assembled into one `Assembled` body (or,
+             for what vLLM answers only unstreamed, its one answer relayed: unstreamed.py)
 
 No HTTP here: the api layer owns the client side (parsing, writing, the relay). At most
 fleet.max_attempts attempts, then 502. Every attempt owns its upstream response and
 closes it (success, error, timeout, disconnect, cancellation), so the engine sees a
 disconnect at once and no slot, count or connection is left behind. The request deadline
 covers everything: before headers a 504 `terminal_expiry`, after them an error event. So
-does a shutdown's drain deadline (`narwhal.drain`), with a 503 before headers.
+does a shutdown's drain deadline (`narwhal.drain`), with a 503 before headers. Within
+it, each attempt's phases have their own limits (`narwhal.engines.timeouts`): an engine
+that sends no first event in time is given up and the request placed again, one that
+goes silent after it fails the attempt (or, after headers, ends the stream).
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, replace
@@ -36,6 +41,13 @@ from narwhal.drain import Drain
 from narwhal.engines.client import EngineClient, EngineUnavailable
 from narwhal.engines.prefill import run_prefill
 from narwhal.engines.stream import EngineStream, TruncatedStream
+from narwhal.engines.timeouts import (
+    FirstEventLimit,
+    FirstEventTimes,
+    TimeoutPhase,
+    UpstreamTimeout,
+    first_event_timeout,
+)
 from narwhal.errors import (
     BackendUnavailable,
     Outcome,
@@ -47,11 +59,14 @@ from narwhal.fleet.monitor import FleetMonitor
 from narwhal.metrics import RouterMetrics
 from narwhal.models.lengths import OutputLengths
 from narwhal.protocol.assembly import Assembler
+from narwhal.protocol.context import check_context_length
+from narwhal.protocol.echo import echo_text, echoes, engine_token_ids
 from narwhal.protocol.events import EngineError, EngineOutputError
 from narwhal.protocol.exposure import Exposure
 from narwhal.protocol.forward import StreamCollector, StreamForwarder
 from narwhal.protocol.requests import CompletionRequest, Route
 from narwhal.protocol.tracker import OutputTracker
+from narwhal.protocol.unstreamed import relay_answer, unstreamed_field
 from narwhal.protocol.upstream import CHOICES, upstream_body
 from narwhal.protocol.usage import usage_tokens
 from narwhal.scheduler.placement import PlacementRequest
@@ -59,6 +74,7 @@ from narwhal.scheduler.registry import EngineRegistry
 from narwhal.scheduler.scheduler import Plan, Scheduler
 from narwhal.sizing import PromptSize
 from narwhal.sizing.bounds import context_fit, needs_engine_count
+from narwhal.sizing.calibration import MIN_RATIO
 from narwhal.state import RouterState
 from narwhal.tracing import ADMISSION_WAIT, DECODE, NO_SPAN, PLACEMENT, PREFILL, Span
 
@@ -102,6 +118,7 @@ class RequestContext:
     span: Span = NO_SPAN  # the request's span; its phases' spans are children (tracing.py)
     engines: tuple[str, ...] = ()  # where its last attempt was placed
     served: Served | None = None  # set once an answer has gone (or is going) to the client
+    upstream_timeout: TimeoutPhase | None = None  # the last phase timeout that ended an attempt
 
 
 @dataclass(frozen=True, slots=True)
@@ -172,6 +189,8 @@ class StreamLease:
             metrics.expired.labels("shutdown" if ended_by_drain else "deadline_streaming").inc()
         elif outcome == "upstream_error":
             metrics.engine_series(self.stream.engine_name).failures["after_headers"].inc()
+        if self.stream.timed_out is not None:
+            dispatcher.timed_out(self.stream.engine_name, self.stream.timed_out, self.context)
         try:
             dispatcher.end_attempt(self.stream, self.context)
             dispatcher.count_served(self.stream, self.context, streamed=True)
@@ -266,6 +285,7 @@ class Dispatcher:
         self._prompt_counted = prompt_counted
         self._engine_count = engine_count
         self._addresses: list[tuple[str, str]] = []
+        self._first_event_times = FirstEventTimes()
         self.reconfigure(config)
         state.subscribe(self._state_changed)
 
@@ -278,6 +298,7 @@ class Dispatcher:
             metrics.engine_series(engine.name)
             if engine.role == "prefill":
                 metrics.prefill_series(engine.name)
+        self._first_event_times.forget({e.name for e in config.engines})
         # Engine addresses stay out of what clients read (the log keeps them).
         self._addresses = sorted(
             [(address, f"<{e.name}>") for e in config.engines for address in _addresses_of(e.url)]
@@ -335,6 +356,7 @@ class Dispatcher:
         self._check_state()
         if not self.scheduler.has_path():
             raise BackendUnavailable("No placement-eligible engine serves this request.")
+        self._check_context_length(request, context)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + (context.deadline - time.monotonic())
         self.gate.hold()
@@ -343,6 +365,8 @@ class Dispatcher:
         try:
             if self._check is not None:
                 await self._settle_size(request, context, ticket, self._check)
+                if context.prompt_size is not None and context.prompt_size.settled:
+                    self._check_context_length(request, context)  # now on the exact count
                 now = time.monotonic()
                 projection = self._check.check(
                     ticket.request,
@@ -352,7 +376,7 @@ class Dispatcher:
                 )
                 if projection is not None:
                     ticket.projected_ttft = projection.raw
-                    ticket.bound_ttft = projection.upper
+                    ticket.projected_upper = projection.upper
                     ticket.checked_at = now
             result = await self._attempts(request, context, ticket, deadline)
             leased = isinstance(result, StreamLease)
@@ -377,7 +401,7 @@ class Dispatcher:
         placement = ticket.request
         now = time.monotonic()
         queued = len(self.gate.controller.queue)
-        context_len = self._context_len()
+        context_len = self.registry.max_model_len()
 
         def verdict(tokens: int) -> tuple[str, bool]:
             sized = replace(placement, prompt_tokens=tokens)
@@ -406,7 +430,7 @@ class Dispatcher:
             return sized if blocks is None else replace(sized, prefix=blocks)
         budget = self._config.admission.ttft_target_s
         cap = request.max_tokens
-        context_len = self._context_len()
+        context_len = self.registry.max_model_len()
         if context_len is not None:
             # The output cannot run past the model's context, whatever max_tokens says.
             room = max(1, context_len - context.prompt_tokens)
@@ -420,14 +444,24 @@ class Dispatcher:
             prefix=blocks,
         )
 
-    def _context_len(self) -> int | None:
-        """The model's context length, as the engines' /v1/models gave it (the smallest)."""
-        known = [
-            entry.health.max_model_len
-            for entry in self.registry.entries.values()
-            if entry.health is not None and entry.health.max_model_len is not None
-        ]
-        return min(known) if known else None
+    def _check_context_length(self, request: CompletionRequest, context: RequestContext) -> None:
+        """The 400 for a request that cannot fit the engines' context, before any work.
+        A prompt whose count is not exact is held to the least the engines' count can be:
+        the low end of its calibrated bounds, or for a plain estimate (open mode) the
+        least calibration ever takes it to, MIN_RATIO of it."""
+        limit = self.registry.max_model_len()
+        if limit is None:
+            return
+        size = context.prompt_size
+        if size is None or size.settled:
+            check_context_length(request, least=context.prompt_tokens, exact=True, limit=limit)
+            return
+        if size.source == "estimate":
+            estimated = size.tokens if size.estimated is None else size.estimated
+            least = max(1, math.ceil(MIN_RATIO * estimated))
+        else:
+            least = max(1, size.low)
+        check_context_length(request, least=least, exact=False, limit=limit)
 
     def release(self, ticket: Ticket) -> None:
         """The request is over: its slots, placement and retention go back."""
@@ -485,20 +519,31 @@ class Dispatcher:
         serve the request. Whatever the end, the attempt's engine stream is closed and
         its buffers released before this returns (a lease keeps its stream open)."""
         client = self._clients[plan.decode.name]
+        # (An echo of token IDs is sent without asking for IDs: echo.py.)
+        ids = request.route in client.capabilities.token_ids_on and engine_token_ids(request)
         exposure = Exposure(
             token_ids=request.return_token_ids,
             usage=request.include_usage,
             continuous_usage=request.continuous_usage,
             null_usage=client.capabilities.null_usage,
             null_ids=client.capabilities.null_ids,
+            echo=echoes(request),
+            echo_text=echo_text(request) if ids else None,
         )
         tracker = OutputTracker(
             request.route,
-            token_ids=request.route in client.capabilities.token_ids_on,
-            prompt_ids=request.return_token_ids,
+            token_ids=ids,
+            prompt_ids=request.return_token_ids or echoes(request),
             choices=CHOICES,
+            echo=request.route == "chat" and request.echo,
         )
         ticket.output = tracker
+        # Answered only unstreamed by this engine (unstreamed.py): one request, one answer.
+        whole = (
+            not request.stream
+            and client.capabilities.answers_unstreamed
+            and unstreamed_field(request) is not None
+        )
         stream: EngineStream | None = None
         working = plan.first  # the engine a failure now would be on
         leased = False
@@ -506,21 +551,26 @@ class Dispatcher:
             PLACEMENT, {"narwhal.attempt": attempt, "narwhal.engines": plan.engine_names}
         )
         trace = _AttemptTrace(placement)
+        started = time.monotonic()
+        first_event = self._first_event_limit(ticket, plan, attempt, deadline)
         try:
             try:
                 async with self.drain.timeout_at(deadline):
-                    body = upstream_body(request, client.dialect)
+                    body = upstream_body(request, client.dialect, streamed=not whole)
                     if plan.prefill is not None:
                         sent = time.monotonic()
                         with placement.child(
                             PREFILL, {"narwhal.engine": plan.prefill.name}
                         ) as half:
-                            body["kv_transfer_params"] = await run_prefill(
+                            prefill = run_prefill(
                                 self._clients[plan.prefill.name],
                                 request,
                                 request_id=context.request_id,
                                 client_authorization=context.authorization,
                                 trace=half.propagated(),
+                            )
+                            body["kv_transfer_params"] = await first_event.wait(
+                                prefill, plan.prefill.name
                             )
                         # The decode engine's TTFT holds this wait too; only this series
                         # says which prefill engine it was spent on.
@@ -530,13 +580,22 @@ class Dispatcher:
                         self.gate.prefill_answered(ticket)
                         working = plan.decode
                     trace.decode = placement.child(DECODE, {"narwhal.engine": client.name})
-                    response = await client.open_stream(
+                    if whole:
+                        # One answer at the end: the first event is the whole answer.
+                        return await first_event.wait(
+                            self._answer_whole(
+                                client, request, context, body, tracker, exposure, trace.decode
+                            ),
+                            client.name,
+                        )
+                    opened = client.open_stream(
                         request.route,
                         body,
                         request_id=context.request_id,
                         client_authorization=context.authorization,
                         trace=trace.decode.propagated(),
                     )
+                    response = await first_event.wait(opened, client.name)
                     limit = self._config.max_event_bytes
                     if request.stream:
                         sink: StreamForwarder | StreamCollector = StreamForwarder(
@@ -550,14 +609,22 @@ class Dispatcher:
                             max_event_bytes=limit,
                             max_response_bytes=self._config.max_response_bytes,
                         )
-                    stream = EngineStream(client.name, response, sink)
-                    first = await _first_events(stream)
+                    stream = EngineStream(
+                        client.name,
+                        response,
+                        sink,
+                        idle_timeout_s=self._config.fleet.idle_timeout_s,
+                    )
+                    first = await first_event.wait(_first_events(stream), client.name)
+                    first_event.end()
+                    self._first_event_times.observe(client.name, time.monotonic() - started)
                     self.gate.first_token(ticket)
                     if not request.stream:
                         # Up to the engine's [DONE]: what follows is not the answer, and an
                         # engine that keeps its body open must not hold the client.
-                        while not stream.done and await stream.read() is not None:
-                            pass
+                        async with stream.idle_gap():
+                            while not stream.done and await stream.read() is not None:
+                                pass
                         await stream.settle(_DONE_GRACE_S)
                         # An answer that ended unfinished or without a choice fails here,
                         # like any engine output error before headers.
@@ -572,6 +639,8 @@ class Dispatcher:
             except _RETRYABLE as error:
                 trace.fail(error.message)
                 self.metrics.engine_series(working.name).failures["before_headers"].inc()
+                if isinstance(error, UpstreamTimeout):
+                    self.timed_out(working.name, error.phase, context)
                 return _Failed(working.name, error.message)
             if request.stream:
                 leased = True
@@ -583,6 +652,70 @@ class Dispatcher:
                 if stream is not None:
                     self.end_attempt(stream, context)
                 trace.end(stream)
+
+    def _first_event_limit(
+        self, ticket: Ticket, plan: Plan, attempt: int, deadline: float
+    ) -> FirstEventLimit:
+        """The attempt's first-event limit: configured, else derived from the projection
+        (the first attempt goes where admission projected it), else from what the engine
+        has been seen to take (`engines/timeouts.py`)."""
+        times = self._first_event_times
+        seconds = first_event_timeout(
+            self._config.fleet.first_event_timeout_s,
+            projected_s=ticket.projected_upper if attempt == 1 else None,
+            observed_s=times.bound(plan.decode.name),
+            budget_s=self._config.admission.ttft_target_s,
+            backoff=max(times.backoff(plan.first.name), times.backoff(plan.decode.name)),
+            remaining_s=deadline - asyncio.get_running_loop().time(),
+        )
+        return FirstEventLimit(seconds)
+
+    def timed_out(self, engine: str, phase: TimeoutPhase, context: RequestContext) -> None:
+        """A phase timeout ended an attempt on `engine`: counted, and on the access line."""
+        self.metrics.engine_series(engine).timeouts[phase].inc()
+        context.upstream_timeout = phase
+        if phase == "first_event":
+            self._first_event_times.timed_out(engine)
+
+    async def _answer_whole(
+        self,
+        client: EngineClient,
+        request: CompletionRequest,
+        context: RequestContext,
+        body: dict[str, Any],
+        tracker: OutputTracker,
+        exposure: Exposure,
+        span: Span,
+    ) -> Assembled:
+        """Ask the engine without streaming and relay its answer (`unstreamed.py`), with
+        the accounting of a streamed answer less its timing: output tokens, the engine's
+        prompt count, the output length learnt. No first token is marked: one answer at
+        the end says nothing of the prefill, so its slot stays a prefill slot."""
+        answer = await client.post_json(
+            request.route,
+            body,
+            request_id=context.request_id,
+            client_authorization=context.authorization,
+            trace=span.propagated(),
+            max_bytes=self._config.max_response_bytes,
+        )
+        relayed = relay_answer(answer, tracker, exposure, time.monotonic())
+        tokens, source = tracker.output_tokens()
+        series = self.metrics.engine_series(client.name)
+        if tokens:
+            series.output_tokens[source].inc(tokens)
+        usage = None if tracker.usage is None else usage_tokens(tracker.usage)[0]
+        size = context.prompt_size
+        if self._prompt_counted is not None and size is not None and usage:
+            self._prompt_counted(request.route, size, usage)
+        if self._lengths is not None and source != "events":
+            self._lengths.observe(request.route, context.prompt_tokens, tokens)
+        prompt = context.prompt_tokens if usage is None else usage
+        served = self.metrics.request_series(request.route, False)
+        served.prompt_tokens.inc(prompt)
+        served.completion_tokens.inc(tokens)
+        context.served = Served(prompt, tokens, None)
+        return Assembled(relayed)
 
     def end_attempt(self, stream: EngineStream, context: RequestContext) -> None:
         """Close the engine stream and account what it produced."""

@@ -3,7 +3,9 @@
     NarwhalError                       500 server_error (router bug)   outcome: internal_error
     ├── InvalidRequest                 400 invalid_request_error       outcome: invalid
     │   ├── InvalidSamplingWidth       400 "Invalid sampling width"     (n, best_of > 1)
-    │   └── UnsupportedOption          400 audio / modality / tool requests
+    │   ├── UnsupportedOption          400 audio / modality / tool requests
+    │   └── ContextLengthExceeded      400 context_length_exceeded     (prompt + max_tokens
+    │                                      beyond the engines' max_model_len)
     ├── InvalidApiKey                  401 invalid_api_key              outcome: invalid
     ├── ModelNotFound                  404 model_not_found              outcome: invalid
     ├── RequestTooLarge                413 request_too_large            outcome: invalid
@@ -11,6 +13,7 @@
     ├── CapacityRejected               429 rate_limit_exceeded          outcome: rejected
     ├── TtftBudgetExceeded             429 ttft_budget_exceeded         outcome: refused
     ├── PromptExceedsTtftBudget        429 prompt_exceeds_ttft_budget   outcome: refused
+    │                                      (x-should-retry: false: the same prompt never fits)
     ├── UpstreamError                  502 upstream_error               outcome: upstream_error
     ├── BackendUnavailable             503 backend_unavailable          outcome: unavailable
     ├── RouterUnavailable              503 router_unavailable           outcome: unavailable
@@ -100,6 +103,14 @@ class UnsupportedOption(InvalidRequest):
     pass
 
 
+class ContextLengthExceeded(InvalidRequest):
+    """The prompt plus its output cap cannot fit the model's context (the smallest
+    `max_model_len` among the engines): refused before any engine work, as OpenAI
+    refuses it, with `param` the field to change."""
+
+    code = "context_length_exceeded"
+
+
 class InvalidApiKey(InvalidRequest):
     """No client API key, or not one of `serving.api_keys`: OpenAI's own answer (401,
     `invalid_request_error`, `invalid_api_key`), which its clients raise as
@@ -180,6 +191,11 @@ class PromptExceedsTtftBudget(NarwhalError):
     error_type = "invalid_request_error"
     code = "prompt_exceeds_ttft_budget"
     outcome = "refused"
+
+    def headers(self) -> dict[str, str]:
+        # The same prompt is refused again however often it comes: the official OpenAI
+        # clients retry a 429 (twice, with backoff) unless this header says not to.
+        return {**super().headers(), "x-should-retry": "false"}
 
 
 class UpstreamError(NarwhalError):

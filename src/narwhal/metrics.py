@@ -39,6 +39,8 @@ REFUSE_REASONS = ("prompt", "projected")
 EXPIRY_STAGES = ("admission_wait", "deadline_before_headers", "deadline_streaming", "shutdown")
 TOKEN_SOURCES = ("token_ids", "usage", "events")
 FAILURE_STAGES = ("before_headers", "after_headers")
+# Which phase timeout ended an attempt (engines/timeouts.py).
+TIMEOUT_PHASES = ("first_event", "idle")
 
 _LATENCY_BUCKETS = (
     0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75,
@@ -61,6 +63,7 @@ class EngineSeries:
     tpot: Histogram
     output_tokens: dict[str, Counter]
     failures: dict[str, Counter]
+    timeouts: dict[str, Counter]
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,6 +133,14 @@ class RouterMetrics:
             "Attempts an engine failed, by engine and whether the response had started "
             "(before_headers attempts may be retried elsewhere; after_headers end the stream).",
             ["engine", "stage"],
+            registry=r,
+        )
+        self.upstream_timeouts = Counter(
+            "narwhal_upstream_timeouts",
+            "Attempts ended by a phase timeout, by engine and phase: first_event (no event "
+            "within fleet.first_event_timeout_s: retried elsewhere) or idle (a silence past "
+            "fleet.idle_timeout_s after the first event). Each is an engine failure too.",
+            ["engine", "phase"],
             registry=r,
         )
         self.retained = Gauge(
@@ -272,6 +283,7 @@ class RouterMetrics:
                 tpot=self.tpot.labels(engine),
                 output_tokens={s: self.output_tokens.labels(engine, s) for s in TOKEN_SOURCES},
                 failures={s: self.engine_failures.labels(engine, s) for s in FAILURE_STAGES},
+                timeouts={p: self.upstream_timeouts.labels(engine, p) for p in TIMEOUT_PHASES},
             )
         return series
 

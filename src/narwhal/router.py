@@ -197,7 +197,14 @@ class Router:
         front = self.front = CompletionFront(
             config, self.metrics, self.dispatcher, self.sizer, self.state, api_keys, self.tracer
         )
-        ops = OpsRoutes(config.model, self.metrics, self.dispatcher, self.state, api_keys)
+        ops = OpsRoutes(
+            config.model,
+            self.metrics,
+            self.dispatcher,
+            self.state,
+            api_keys,
+            context_len=self.registry.max_model_len,
+        )
         self.app: web.Application = build_app(
             front,
             ops,

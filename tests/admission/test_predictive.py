@@ -10,6 +10,7 @@ import pytest
 from narwhal.admission.predictive import PredictiveCheck
 from narwhal.config import EngineConfig
 from narwhal.errors import PromptExceedsTtftBudget, TtftBudgetExceeded
+from narwhal.fleet.state import EngineHealth
 from narwhal.models.book import ModelBook
 from narwhal.models.calibration import PRIOR_MARGIN
 from narwhal.models.profile import ProbeSample, fit_profile
@@ -142,3 +143,30 @@ def test_no_modelled_engine_means_no_projection() -> None:
     registry.set_ready_predicate(lambda entry: False)  # (unprofiled: not eligible)
     assert check.check(request(10), arrived=0.0, now=0.0, queued=0) is None
     assert not refused
+
+
+def test_the_prompt_alone_refusal_tells_clients_not_to_retry() -> None:
+    check, _, _ = fleet("both", budget=1.0)
+    with pytest.raises(PromptExceedsTtftBudget) as info:
+        check.check(request(16_000), arrived=0.0, now=0.0, queued=0)
+    # The official OpenAI clients retry a 429 unless told not to; the same prompt never fits.
+    assert info.value.headers() == {"x-should-retry": "false"}
+
+
+def test_a_prompt_that_fills_the_context_is_told_the_context_is_the_limit() -> None:
+    """A prompt (as sized, an estimate the context check let through) that leaves no room
+    in the engines' context: raising the budget would not serve it, so the advice is not
+    to raise it."""
+    check, registry, refused = fleet("both", "both", budget=1.0)
+    for entry, context in zip(registry.entries.values(), (16_384, 32_768), strict=True):
+        entry.health = EngineHealth(stale_after_s=1.0, status="up", max_model_len=context)
+    with pytest.raises(PromptExceedsTtftBudget) as info:
+        check.check(request(16_384), arrived=0.0, now=0.0, queued=0)
+    message = info.value.message
+    assert "context of 16384 tokens" in message  # the smallest engine's, where it may go
+    assert "ttft_target_s" not in message and "shorten the prompt" in message
+    assert refused == {"prompt": 1}
+    # Below the context the budget is the limit, and the advice says so.
+    with pytest.raises(PromptExceedsTtftBudget) as info:
+        check.check(request(16_000), arrived=0.0, now=0.0, queued=0)
+    assert "ttft_target_s" in info.value.message and "context" not in info.value.message

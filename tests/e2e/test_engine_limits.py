@@ -322,6 +322,22 @@ async def test_a_non_streaming_answer_ends_at_done(hostile: HostileEngine, route
     assert values['narwhal_outcomes_total{outcome="completed"}'] == 1
 
 
+@pytest.mark.parametrize("hostile", [done_then_more], indirect=True)
+async def test_a_stream_read_to_its_end_is_completed_whatever_the_engine_does_after(
+    hostile: HostileEngine,
+) -> None:
+    """The client reads the whole stream and closes while the router still waits for the
+    end of the engine's body (left open here): that cancels the router's handler, and the
+    request is still counted completed, not client_gone."""
+    with router_process(config_for(hostile)) as router:
+        reply = await send(router.url, body_for(True), headers={"X-Request-Timeout": "20"})
+        assert reply.status == 200 and reply.events()[-1] == "[DONE]"
+        assert await asyncio.to_thread(hostile.wait_idle)
+        values = await assert_all_released(router)
+    assert values['narwhal_outcomes_total{outcome="completed"}'] == 1
+    assert values.get('narwhal_outcomes_total{outcome="client_gone"}', 0) == 0
+
+
 async def done_then_end_apart(exchange: Exchange) -> None:
     """A correct answer whose body ends a moment after [DONE], in a packet of its own."""
     route = route_of(exchange)

@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import aiohttp
+import openai
 import pytest
 
 from tests.e2e.conftest import MODEL, chat, completion, metrics_of, send, settle, sim_process
@@ -194,3 +195,36 @@ async def test_open_mode_profiles_nothing(sim: NarwhalProcess) -> None:
 async def _engine_requests(sim: NarwhalProcess) -> float:
     values = await metrics_of(sim.url)
     return sum(v for k, v in values.items() if k.startswith("vllm:request_success_total"))
+
+
+async def test_the_official_client_does_not_retry_a_prompt_alone_refusal(
+    sim: NarwhalProcess,
+) -> None:
+    """The openai client retries a 429 twice unless the answer says `x-should-retry:
+    false`: the refusal reaches it once, at once, and the router sees one request."""
+    with router_process(predictive([("s0", sim)], ttft_target_s=0.1)) as router:
+        client = openai.AsyncOpenAI(base_url=router.url + "/v1", api_key="unused")
+        async with client:
+            with pytest.raises(openai.RateLimitError) as info:
+                await client.completions.create(model=MODEL, prompt=words(8000), max_tokens=4)
+        assert info.value.response.headers["x-should-retry"] == "false"
+        assert info.value.code == "prompt_exceeds_ttft_budget"
+        values = await metrics_of(router.url)
+        assert values["narwhal_offered_total"] == 1
+        assert values['narwhal_refused_total{reason="prompt"}'] == 1
+
+
+async def test_a_prompt_that_fills_the_context_is_told_so_not_to_raise_the_budget(
+    sim: NarwhalProcess,
+) -> None:
+    """60,000 words, too long a body to ask the engine's /tokenize, so sized by an
+    estimate the context check lets through (its least, a quarter, fits 32,768): the
+    prompt-alone refusal says the context is the limit."""
+    with router_process(predictive([("s0", sim)], ttft_target_s=0.1)) as router:
+        reply = await send(router.url, completion(words(60_000), max_tokens=4))
+        assert reply.status == 429, reply.raw
+        error = reply.json()["error"]
+        assert error["code"] == "prompt_exceeds_ttft_budget"
+        assert "context of 32768 tokens" in error["message"]
+        assert "ttft_target_s" not in error["message"]
+        assert reply.headers["x-should-retry"] == "false"

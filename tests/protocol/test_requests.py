@@ -14,7 +14,7 @@ from narwhal.errors import (
     NarwhalError,
     UnsupportedOption,
 )
-from narwhal.protocol.requests import Route, parse_request
+from narwhal.protocol.requests import Route, check_one_prompt, parse_request
 
 MODEL = "m"
 
@@ -138,6 +138,26 @@ def test_wrong_type_in_an_interpreted_completion_field_names_it(
 @pytest.mark.parametrize("prompt", ["text", ["a", "b"], [1, 2, 3], [[1, 2], [3]]])
 def test_every_openai_prompt_form_is_accepted(prompt: Any) -> None:
     parse_request(completion(prompt=prompt), "completion", model=MODEL)
+
+
+@pytest.mark.parametrize("prompt", ["text", ["a"], [1, 2, 3], [[1, 2]]])
+def test_one_prompt_in_any_form_is_served(prompt: Any) -> None:
+    """A flat list of IDs is one prompt, and so is a batch of one."""
+    check_one_prompt(parse_request(completion(prompt=prompt), "completion", model=MODEL))
+
+
+@pytest.mark.parametrize("prompt", [["a", "b"], [[1, 2], [3]], ["a", [1, 2]]])
+def test_a_batch_of_prompts_is_a_400_naming_prompt(prompt: Any) -> None:
+    """vLLM answers a batch with one choice per prompt; the router sizes, projects and
+    places one prompt per request, so it refuses a batch itself, before any engine work,
+    rather than blaming the engines for an answer it cannot relay."""
+    parsed = parse_request(completion(prompt=prompt), "completion", model=MODEL)
+    with pytest.raises(InvalidRequest) as info:
+        check_one_prompt(parsed)
+    error = info.value
+    assert error.status == 400 and error.outcome == "invalid"
+    assert error.param == "prompt" and error.code is None
+    assert f"holds {len(prompt)} prompts" in error.message
 
 
 def test_other_model_is_404_model_not_found() -> None:

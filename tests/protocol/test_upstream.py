@@ -53,3 +53,41 @@ def test_openai_engines_get_no_vllm_fields() -> None:
     body = shaped("openai", "chat", return_token_ids=True, stream_interval=2)
     assert "return_token_ids" not in body and "stream_interval" not in body
     assert body["stream"] is True and body["stream_options"] == {"include_usage": True}
+
+
+def test_an_unstreamed_request_keeps_the_clients_stream_false_and_its_ids() -> None:
+    """What vLLM answers only without streaming (prompt_logprobs): no stream options,
+    no stream interval, and still the IDs that count its output."""
+    request = parse_request(
+        json.dumps({"model": MODEL, "prompt": "hi", "prompt_logprobs": 2}).encode(),
+        "completion",
+        model=MODEL,
+    )
+    body = upstream_body(request, "vllm", streamed=False)
+    assert body["stream"] is False and body["return_token_ids"] is True
+    assert "stream_options" not in body and "stream_interval" not in body
+    assert body["prompt_logprobs"] == 2
+
+
+@pytest.mark.parametrize(
+    ("prompt", "asked", "forced"),
+    [
+        ("hi", {}, True),  # the router puts the echoed text back (echo.py)
+        ([5, 6, 7], {}, False),  # only the engine can write token IDs' text, without IDs
+        ([[5, 6, 7]], {}, False),  # a batch of one is the same prompt
+        ([5, 6, 7], {"return_token_ids": True}, True),  # asked: vLLM blanks it for them too
+    ],
+)
+def test_an_echo_of_token_ids_goes_without_asking_for_ids(
+    prompt: Any, asked: dict[str, Any], forced: bool
+) -> None:
+    body = upstream_body(
+        parse_request(
+            json.dumps({"model": MODEL, "prompt": prompt, "echo": True, **asked}).encode(),
+            "completion",
+            model=MODEL,
+        ),
+        "vllm",
+    )
+    assert ("return_token_ids" in body) is forced
+    assert body.get("return_token_ids", True) is True

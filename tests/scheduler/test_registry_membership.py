@@ -5,6 +5,7 @@ from __future__ import annotations
 from narwhal.admission.controller import Admission
 from narwhal.admission.queue import Ticket
 from narwhal.config import EngineConfig
+from narwhal.fleet.state import EngineHealth
 from narwhal.scheduler.placement import PlacementRequest
 from narwhal.scheduler.registry import EngineEntry, EngineRegistry
 from narwhal.scheduler.scheduler import Scheduler
@@ -61,3 +62,21 @@ def test_a_retiring_engine_does_not_count_for_whole_fleet_maintenance() -> None:
     assert not registry.whole_fleet_in_maintenance()  # "old" has no wave: it serves
     registry.retire("old")
     assert registry.whole_fleet_in_maintenance()  # what stays is all in maintenance
+
+
+def test_the_context_is_the_smallest_among_the_engines_a_request_may_go_to() -> None:
+    """What /v1/models and the context check use: the smallest `max_model_len` of the
+    eligible engines (a drained one may not take the request), else of any listed one."""
+    registry = EngineRegistry(engines("a", "b", "c"))
+    assert registry.max_model_len() is None  # no engine has said yet
+    for name, context in (("a", 8192), ("b", 2048)):
+        registry.entries[name].health = EngineHealth(
+            stale_after_s=1.0, status="up", max_model_len=context
+        )
+    assert registry.max_model_len() == 2048
+    registry.set_drained("b", True)
+    assert registry.max_model_len() == 8192
+    registry.set_drained("a", True)  # none eligible: what the listed engines said
+    assert registry.max_model_len() == 2048
+    registry.retire("b")
+    assert registry.max_model_len() == 8192

@@ -114,12 +114,7 @@ class PredictiveCheck:
         assert projection is not None
         if verdict == "prompt":
             self._count("prompt")
-            raise PromptExceedsTtftBudget(
-                f"The prompt alone ({request.prompt_tokens} tokens) would take longer than "
-                f"the TTFT budget of {self.budget:g} s on every engine; shorten the prompt "
-                "or raise admission.ttft_target_s.",
-                param="messages" if request.route == "chat" else "prompt",
-            )
+            raise self._prompt_refusal(request)
         if verdict == "projected":
             self._count("projected")
             overrun = projection.upper - (self.budget - (now - arrived))
@@ -130,6 +125,27 @@ class PredictiveCheck:
                 retry_after=retry_after,
             )
         return projection
+
+    def _prompt_refusal(self, request: PlacementRequest) -> PromptExceedsTtftBudget:
+        """The prompt-alone 429, with the advice that can help: where the prompt (as
+        sized here, maybe an estimate the context check let through) fills the model's
+        whole context, no budget would serve it, and raising one is no advice."""
+        tokens = request.prompt_tokens
+        param = "messages" if request.route == "chat" else "prompt"
+        limit = self._registry.max_model_len()
+        if limit is not None and tokens >= limit:
+            return PromptExceedsTtftBudget(
+                f"The prompt (about {tokens} tokens) leaves no room for output in the "
+                f"model's context of {limit} tokens, and would take longer than the TTFT "
+                f"budget of {self.budget:g} s on every engine besides; shorten the prompt.",
+                param=param,
+            )
+        return PromptExceedsTtftBudget(
+            f"The prompt alone ({tokens} tokens) would take longer than the TTFT budget of "
+            f"{self.budget:g} s on every engine; shorten the prompt or raise "
+            "admission.ttft_target_s.",
+            param=param,
+        )
 
     def _count(self, reason: str) -> None:
         if self._refused is not None:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import heapq
 import itertools
-import math
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import TYPE_CHECKING
@@ -55,7 +54,8 @@ class Ticket:
     # Predictive admission: the TTFT projected when the request was checked (seconds
     # from `checked_at`), compared with what it turns into at its first token.
     projected_ttft: float | None = None
-    bound_ttft: float = math.inf  # the bound admission held the projection to, likewise
+    # and the bound admission held it to (its upper bound), compared likewise.
+    projected_upper: float | None = None
     checked_at: float = 0.0
     output: OutputTracker | None = None  # the current attempt's output, as it arrives
 

@@ -12,6 +12,9 @@ known of it by then:
     completion_tokens   output tokens validated by the router; null when none was served
     ttft_s              arrival to the first output token; null without one
     duration_s          arrival to the end of the response
+    upstream_timeout    the phase timeout that last ended one of its attempts, first_event
+                        (no event in time: placed elsewhere) or idle (the engine went
+                        silent after its first event); null when none did
 
 In text, `key=value` pairs (`-` for null, engines joined with ","); in JSON, fields of
 the line's object (`logs.py`); on the request's span, the same facts as attributes.
@@ -46,6 +49,7 @@ class AccessEntry(StructuredMessage):
     completion_tokens: int | None
     ttft_s: float | None
     duration_s: float
+    upstream_timeout: str | None = None
 
     message = "completion request"
 
@@ -61,6 +65,7 @@ class AccessEntry(StructuredMessage):
             "completion_tokens": self.completion_tokens,
             "ttft_s": None if self.ttft_s is None else round(self.ttft_s, 6),
             "duration_s": round(self.duration_s, 6),
+            "upstream_timeout": self.upstream_timeout,
         }
 
     def span_attributes(self) -> dict[str, Attribute]:
@@ -78,6 +83,8 @@ class AccessEntry(StructuredMessage):
             attributes["narwhal.prompt_tokens"] = self.prompt_tokens
         if self.completion_tokens is not None:
             attributes["narwhal.completion_tokens"] = self.completion_tokens
+        if self.upstream_timeout is not None:
+            attributes["narwhal.upstream_timeout"] = self.upstream_timeout
         return attributes
 
     def __str__(self) -> str:
@@ -87,7 +94,8 @@ class AccessEntry(StructuredMessage):
             f"outcome={self.outcome} engines={','.join(self.engines) or '-'} "
             f"prompt_tokens={_shown(self.prompt_tokens)} "
             f"completion_tokens={_shown(self.completion_tokens)} "
-            f"ttft_s={_seconds(self.ttft_s)} duration_s={_seconds(self.duration_s)}"
+            f"ttft_s={_seconds(self.ttft_s)} duration_s={_seconds(self.duration_s)} "
+            f"upstream_timeout={self.upstream_timeout or '-'}"
         )
 
 

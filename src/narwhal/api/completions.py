@@ -38,7 +38,7 @@ from narwhal.protocol.headers import (
     check_content_type,
     request_timeout,
 )
-from narwhal.protocol.requests import Route, parse_request
+from narwhal.protocol.requests import Route, check_one_prompt, parse_request
 from narwhal.protocol.trace_context import TRACEPARENT, TRACESTATE, TraceContext, trace_context
 from narwhal.sizing import WorkloadSizer
 from narwhal.state import RouterState
@@ -109,6 +109,7 @@ class CompletionFront:
             check_content_encoding(headers.getall(CONTENT_ENCODING, []))
             raw = await read_limited_body(http, self._config.serving.max_request_bytes, deadline)
             parsed = parse_request(raw, route, model=self._config.model)
+            check_one_prompt(parsed)
             streaming = parsed.stream
             # Cheap refusals first: a router that may not admit says so before sizing.
             reason = self._state.unavailable_reason()
@@ -135,7 +136,14 @@ class CompletionFront:
                 response = json_response(served.body, request_id=request_id)
                 return response
             relaying = True
-            response, outcome, written = await self._relay(http, served)
+            try:
+                response, outcome, written = await self._relay(http, served)
+                if outcome == "completed":
+                    # The client has the whole stream: its outcome is settled before this
+                    # wait, which a client closing its connection now may cancel.
+                    await served.drain()
+            finally:
+                served.finish(outcome)
             return response
         except NarwhalError as error:
             outcome = error.outcome
@@ -163,7 +171,8 @@ class CompletionFront:
             response.force_close()  # where the next request would begin is unknown
             return response
         except (ConnectionError, asyncio.CancelledError):
-            outcome = "client_gone"
+            if written is None:  # (after a whole relay, its outcome stands: see above)
+                outcome = "client_gone"
             if not sized:
                 metrics.unsized_offered.inc()
             raise
@@ -223,6 +232,7 @@ class CompletionFront:
             None if served is None else served.completion_tokens,
             None if served is None else served.ttft_s,
             duration,
+            None if context is None else context.upstream_timeout,
         )
         if span.recording:
             span.set(entry.span_attributes())
@@ -235,24 +245,18 @@ class CompletionFront:
     async def _relay(
         self, http: web.Request, lease: StreamLease
     ) -> tuple[web.StreamResponse, Outcome, float]:
-        """Write the leased stream to the client; the lease is finished whatever happens.
-        Also returns when the last byte was written (before the engine's end is drained)."""
-        outcome: Outcome = "client_gone"  # if this task is cancelled (the client went away)
-        try:
-            response, outcome = await relay_stream(
-                http,
-                lease.stream,
-                lease.first,
-                lease.context.request_id,
-                lease.deadline,
-                lease.shutdown,
-            )
-            written = time.monotonic()
-            if outcome == "completed":
-                await lease.drain()
-            return response, outcome, written
-        finally:
-            lease.finish(outcome)
+        """Write the leased stream to the client (the caller finishes the lease whatever
+        happens; cancelled here, the client went away). Also returns when the last byte
+        was written (before the engine's end is drained)."""
+        response, outcome = await relay_stream(
+            http,
+            lease.stream,
+            lease.first,
+            lease.context.request_id,
+            lease.deadline,
+            lease.shutdown,
+        )
+        return response, outcome, time.monotonic()
 
 
 def _client_trace(http: web.Request) -> TraceContext | None:

@@ -3,11 +3,15 @@
 /v1/models asks for the client API key when `serving.api_keys` is set, as vLLM's
 --api-key guards every /v1 route; /health, /ready and /metrics stay open, for the
 orchestrator's probes and Prometheus (they say nothing a client key should guard).
+Its card carries `max_model_len` as vLLM's does, once an engine has given it: the
+smallest among the engines a request may be placed on, the longest context the router
+serves (clients size their prompts by it).
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
@@ -29,8 +33,10 @@ class OpsRoutes:
         service: CompletionService,
         state: RouterState,
         api_keys: BearerTokens,
+        context_len: Callable[[], int | None] = lambda: None,
     ) -> None:
         self._api_keys = api_keys
+        self._context_len = context_len
         self._model = model
         self._metrics = metrics
         self._service = service
@@ -77,9 +83,13 @@ class OpsRoutes:
         return None
 
     def _card(self) -> dict[str, object]:
-        return {
+        card: dict[str, object] = {
             "id": self._model,
             "object": "model",
             "created": self._created,
             "owned_by": "narwhal",
         }
+        context_len = self._context_len()
+        if context_len is not None:
+            card["max_model_len"] = context_len
+        return card

@@ -14,7 +14,9 @@ client's, applying the exposure rules, so the relay only moves bytes.
 The request's deadline ends the stream the same way (a `terminal_expiry` error event),
 and so does a shutdown's drain deadline (`narwhal.drain`), which brings every running
 stream's deadline forward to its instant: events are written whole, so the timeout falls
-between two of them, and the error event says the router is shutting down.
+between two of them, and the error event says the router is shutting down. An engine
+silent for longer than `fleet.idle_timeout_s` ends it too (`engines/timeouts.py`), with an
+`upstream_error` event.
 
 Framing is the `StreamBody`'s (narwhal.api.stream_body, the one place that relies on
 aiohttp's internals): chunked for HTTP/1.1, raw bytes ended by closing the connection for
@@ -144,11 +146,17 @@ async def _until_end(
     """Relay until the engine's `[DONE]` or a clean end of its body; return the bytes
     still to write with the end. Raises what failed the stream, or TimeoutError (its
     deadline, or the drain's)."""
-    async with drain.timeout_at(deadline):
+    async with drain.timeout_at(deadline), stream.idle_gap():
         ended = False  # the body ended without [DONE] (generic servers), finished
         while not stream.done and not ended:
             if payload:
-                await body.write(payload)  # the headers leave with it
+                # The client's write may wait (a slow reader); the engine is not silent
+                # while nobody reads it, so the idle gap holds until the write is done.
+                stream.paused = True
+                try:
+                    await body.write(payload)  # the headers leave with it
+                finally:
+                    stream.gap_restarts()
                 payload = b""
                 ended = await _push(body, stream)
             else:

@@ -3,7 +3,9 @@
 Every engine request is a POST that asks for a stream (DESIGN.md section 4), sent on the
 router's lean keep-alive pool (`upstream.py`); the answer is either an open
 `UpstreamResponse` with status 200 or an exception from the tree in `narwhal.errors`,
-marked retryable when another placement could succeed:
+marked retryable when another placement could succeed. (`post_json` asks without a
+stream: a P/D prefill half, and what vLLM answers only unstreamed, `unstreamed.py`.)
+An engine's refusal of the body keeps the field it named (vLLM's `param`):
 
     InvalidRequest (400)      the engine refused the body itself (400, 413, 422): the
                               client's request is bad wherever it runs; not retried
@@ -39,6 +41,7 @@ _MAX_ERROR_BODY = 64 * 1024
 _MAX_ANSWER_BODY = 16 * 1024 * 1024
 _encoder = msgspec.json.Encoder()
 _REFUSED_CREDENTIALS = (401, 403)
+_MAX_PARAM_CHARS = 256  # a field path; anything longer is not one
 log = logging.getLogger(__name__)
 
 
@@ -71,10 +74,12 @@ class EngineClient:
         request_id: str,
         client_authorization: str | None = None,
         trace: TraceContext | None = None,
+        max_bytes: int = _MAX_ANSWER_BODY,
     ) -> dict[str, Any]:
         """POST a non-streaming request; its JSON object answer, or a mapped error.
         `client_authorization`: the client's Authorization header (sent only when this
-        engine forwards it); `trace`: the W3C trace context the request carries."""
+        engine forwards it); `trace`: the W3C trace context the request carries;
+        `max_bytes`: the longest answer read (a longer one is an engine failure)."""
         authorization, hint = self._credentials(client_authorization)
         response = await self._post(route, body, request_id, authorization, trace)
         try:
@@ -82,11 +87,11 @@ class EngineClient:
                 raise await self._status_error(response, hint)
             self._refusals = 0
             try:
-                raw = await response.read(_MAX_ANSWER_BODY + 1)
+                raw = await response.read(max_bytes + 1)
             except OSError as e:
                 raise EngineUnavailable(f"engine {self.name} answer broke: {e}") from e
-            if len(raw) > _MAX_ANSWER_BODY:
-                raise EngineUnavailable(f"engine {self.name} answered over 16 MiB")
+            if len(raw) > max_bytes:
+                raise EngineUnavailable(f"engine {self.name} answered over {max_bytes} bytes")
             try:
                 answer = msgspec.json.decode(raw)
             except msgspec.DecodeError as e:
@@ -169,9 +174,12 @@ class EngineClient:
             raw = await response.read(_MAX_ERROR_BODY)
         except OSError:
             raw = b""
-        message = _error_message(raw) or response.reason or "no detail"
+        message, param = _error_detail(raw)
+        message = message or response.reason or "no detail"
         if status in (400, 413, 422):
-            return InvalidRequest(f"The engine refused the request: {message}")
+            # The engine's `param` names the client's field (vLLM: `prompt_logprobs`,
+            # `max_tokens`): the client hears it in Narwhal's envelope, as from the engine.
+            return InvalidRequest(f"The engine refused the request: {message}", param=param)
         if status in _REFUSED_CREDENTIALS:
             return self._refused_credentials(status, message, hint)
         return EngineUnavailable(f"engine {self.name} answered {status}: {message}")
@@ -194,19 +202,31 @@ class EngineClient:
         )
 
 
-def _error_message(raw: bytes) -> str | None:
+def _error_detail(raw: bytes) -> tuple[str | None, str | None]:
+    """An engine error body's message and the field it names (`param`), where it gives
+    them."""
     try:
         body = msgspec.json.decode(raw)
     except msgspec.DecodeError:
         text = raw.decode("utf-8", "replace").strip()
-        return text[:500] or None
+        return text[:500] or None, None
     if isinstance(body, dict):
         error = engine_error(body)
         if error is not None:
-            return error.message
+            return error.message, _param_of(body)
         detail = body.get("detail")  # FastAPI servers (transformers serve)
         if detail is not None:
-            return str(detail)[:500]
+            return str(detail)[:500], None
+    return None, None
+
+
+def _param_of(body: dict[str, Any]) -> str | None:
+    """`error.param` (vLLM, OpenAI) or the flat shape's `param`, when a short string."""
+    nested = body.get("error")
+    holder = nested if isinstance(nested, dict) else body
+    param = holder.get("param")
+    if isinstance(param, str) and 0 < len(param) <= _MAX_PARAM_CHARS:
+        return param
     return None
 
 

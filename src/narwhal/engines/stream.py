@@ -5,13 +5,18 @@
 returns what the client gets for it, so the relay writes the events of one read in one
 write (coalescing without delaying a token: nothing waits for more bytes than the engine
 already sent).
+
+Every read stamps `last_read_at`, which the idle gap (`narwhal.engines.timeouts`) watches:
+`idle_gap()` bounds the silence between reads by the stream's `idle_timeout_s`.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 
+from narwhal.engines.timeouts import IdleGap, TimeoutPhase
 from narwhal.engines.upstream import BodyConsumer, UpstreamResponse
 from narwhal.errors import UpstreamError
 from narwhal.protocol.forward import StreamCollector, StreamForwarder
@@ -27,10 +32,17 @@ class EngineStream:
         engine_name: str,
         response: UpstreamResponse,
         sink: StreamForwarder | StreamCollector,
+        *,
+        idle_timeout_s: float | None = None,
     ) -> None:
+        """`idle_timeout_s`: the longest silence `idle_gap()` allows (None: no limit)."""
         self.engine_name = engine_name
         self.sink = sink
         self.tracker = sink.tracker
+        self.idle_timeout_s = idle_timeout_s
+        self.last_read_at = time.monotonic()  # the last bytes from the engine (or now)
+        self.paused = False  # reading held for the client: no idle gap runs
+        self.timed_out: TimeoutPhase | None = None  # the phase timeout that ended it
         self._response = response
         self._eof = False
 
@@ -60,7 +72,8 @@ class EngineStream:
             self._eof = True
             self.check_ended()
             return None
-        return self.sink.feed(chunk, time.monotonic())
+        now = self.last_read_at = time.monotonic()
+        return self.sink.feed(chunk, now)
 
     def check_ended(self) -> None:
         """The engine's body ended: raise TruncatedStream unless output finished (its
@@ -74,7 +87,8 @@ class EngineStream:
 
     def feed(self, data: bytes) -> bytes:
         """Push mode (`push`): the client's bytes for body bytes the consumer was given."""
-        return self.sink.feed(data, time.monotonic())
+        now = self.last_read_at = time.monotonic()
+        return self.sink.feed(data, now)
 
     def push(self, consumer: BodyConsumer | None) -> None:
         """Hand the body to `consumer` as it arrives (see `UpstreamResponse.stream_to`);
@@ -82,10 +96,23 @@ class EngineStream:
         self._response.stream_to(consumer)
 
     def pause(self) -> None:
+        self.paused = True
         self._response.pause()
 
     def resume(self) -> None:
+        self.gap_restarts()
         self._response.resume()
+
+    def gap_restarts(self) -> None:
+        """Reading was held (`paused`, for the client): the engine could not send, so
+        its silence counts from now."""
+        self.paused = False
+        self.last_read_at = time.monotonic()
+
+    def idle_gap(self) -> IdleGap | contextlib.nullcontext[None]:
+        """`async with`: reading under the idle-gap limit (UpstreamTimeout past it)."""
+        limit = self.idle_timeout_s
+        return contextlib.nullcontext() if limit is None else IdleGap(self, limit)
 
     def at_eof(self) -> bool:
         """The engine's body is complete and all of it was read."""

@@ -23,6 +23,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Final
 
+from narwhal.protocol.echo import restore_echo
 from narwhal.protocol.events import EngineOutputError, Route, raise_for_engine_error
 from narwhal.protocol.exposure import Exposure
 from narwhal.protocol.fields import (
@@ -273,6 +274,7 @@ class Assembler:
         "_asked",
         "_choice_type",
         "_choices",
+        "_echo",
         "_keep_ids",
         "_metadata",
         "_null_ids",
@@ -288,6 +290,7 @@ class Assembler:
         self._route: Route = route
         self._asked = choices
         self._keep_ids = exposure.token_ids
+        self._echo = exposure.echo_text  # the echoed prompt text to put back (echo.py)
         # vLLM's own answer to a client without IDs has its ID lists, null.
         self._null_ids = exposure.null_ids and not exposure.token_ids
         self._choice_type = _ChatChoice if route == "chat" else _CompletionChoice
@@ -319,6 +322,8 @@ class Assembler:
             return
         if type(choices) is not list:
             malformed("choices", "an array")
+        if self._echo is not None:
+            restore_echo(event, self._echo)
         for choice in choices:
             if type(choice) is not dict:
                 malformed("choice", "an object")

@@ -55,6 +55,10 @@ class DialectCapabilities:
     version_gates_token_ids: bool
     """The engine's GET /version tells whether it gives token IDs at all: vLLM releases
     before `return_token_ids` (0.10.2) send none (PROTOCOL.md §1)."""
+    answers_unstreamed: bool = False
+    """The engine refuses some requests when streamed and answers them unstreamed
+    (vLLM: `prompt_logprobs`, completions' beam search; PROTOCOL.md §7): a
+    non-streaming client's such request goes to it unstreamed (`unstreamed.py`)."""
 
 
 _NOWHERE: Final[frozenset[Route]] = frozenset()
@@ -69,6 +73,7 @@ _TABLE: Final[dict[Dialect, DialectCapabilities]] = {
         null_ids=True,
         metrics_optional=False,
         version_gates_token_ids=True,
+        answers_unstreamed=True,
     ),
     "sglang": DialectCapabilities(
         name="sglang",

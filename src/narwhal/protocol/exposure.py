@@ -38,6 +38,13 @@ class Exposure:
     `token_ids` on every chunk, `prompt_token_ids` on the role chunk or per completion
     choice, PROTOCOL.md §1.2), so a client without IDs gets nulls, as from the engine
     itself, instead of losing the keys."""
+    echo: bool = False
+    """The client asked completions' `echo`: vLLM streams the prompt's IDs on each
+    choice's echo chunk whatever `return_token_ids` says, so a streaming client keeps
+    a choice's `prompt_token_ids` list (`echo.py`)."""
+    echo_text: str | None = None
+    """The echoed prompt text the engine blanked because Narwhal asked for IDs, which
+    goes back in front of each choice's first text (`echo.py`)."""
 
 
 class Exposed(enum.Enum):
@@ -71,7 +78,8 @@ def apply_exposure(event: dict[str, Any], exposure: Exposure) -> Exposed:
     - Without token_ids: drop top-level `prompt_token_ids`, the per-choice ID lists
       (vLLM's `token_ids`/`prompt_token_ids`, PROTOCOL.md §1.2, §1.3; SGLang's
       non-streaming `response_token_ids`, §6.1) and SGLang's `sglext` ID chunk (§6.1);
-      with `null_ids` (vLLM) the `token_ids`/`prompt_token_ids` keys stay, as null.
+      with `null_ids` (vLLM) the `token_ids`/`prompt_token_ids` keys stay, as null;
+      with `echo` a choice's `prompt_token_ids` stays as it is (vLLM's echo chunk).
     - Without usage: drop the `usage` key everywhere (the finishing chunk of
       openai-dialect engines, continuous stats, OpenAI's `"usage": null`), except a
       null one from an engine that always writes it (`null_usage`: SGLang).
@@ -100,7 +108,8 @@ def apply_exposure(event: dict[str, Any], exposure: Exposure) -> Exposed:
                     if "token_ids" in choice:
                         had_ids = True
                         changed = hide(choice, "token_ids") or changed
-                    changed = hide(choice, "prompt_token_ids") or changed
+                    if not exposure.echo:
+                        changed = hide(choice, "prompt_token_ids") or changed
                     if "response_token_ids" in choice:
                         del choice["response_token_ids"]
                         changed = True

@@ -33,6 +33,7 @@ from typing import Any, Final, cast
 import msgspec
 
 from narwhal.protocol.assembly import DEFAULT_MAX_RESPONSE_BYTES, Assembler, ResponseTooLarge
+from narwhal.protocol.echo import restore_echo
 from narwhal.protocol.events import decode_event, encode_sse_event
 from narwhal.protocol.exposure import Exposed, Exposure, apply_exposure, needs_rewrite
 from narwhal.protocol.plain import (
@@ -60,6 +61,7 @@ class StreamForwarder:
     __slots__ = (
         "_completion",
         "_decoder",
+        "_echo",
         "_exposure",
         "_held",
         "_hide_ids",
@@ -83,6 +85,7 @@ class StreamForwarder:
         self.tracker = tracker
         self._exposure = exposure
         self._rewrite = needs_rewrite(exposure)
+        self._echo = exposure.echo_text  # the echoed prompt text to put back (echo.py)
         self._hide_ids = not exposure.token_ids
         # vLLM writes unasked ID lists as null: the client gets nulls, not missing keys.
         self._null_ids = exposure.null_ids
@@ -219,9 +222,12 @@ class StreamForwarder:
         if not self._rewrite:
             return raw
         usage_only = self._holds_last and "usage" in decoded and not decoded.get("choices")
+        # (The echo chunk carries the prompt's IDs, so it is never plain: it comes here.)
+        echo = self._echo
+        restored = echo is not None and restore_echo(decoded, echo)
         verdict = apply_exposure(decoded, self._exposure)
         if verdict is Exposed.UNCHANGED:
-            return raw
+            return encode_sse_event(decoded, name) if restored else raw
         if verdict is Exposed.CHANGED:
             return encode_sse_event(decoded, name)
         if usage_only:  # dropped: what the engine moved onto it goes back

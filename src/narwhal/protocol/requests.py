@@ -43,6 +43,7 @@ class CompletionRequest:
     continuous_usage: bool
     return_token_ids: bool
     max_tokens: int | None
+    echo: bool = False
 
 
 def parse_request(raw: bytes, route: Route, *, model: str) -> CompletionRequest:
@@ -70,7 +71,7 @@ def parse_request(raw: bytes, route: Route, *, model: str) -> CompletionRequest:
     )
     return_token_ids = _optional_bool(body, "return_token_ids") or False
     _check_logprobs(body, route)
-    _optional_bool(body, "echo")
+    echo = _optional_bool(body, "echo") or False
     tool_types = _check_tools(body)
     _check_tool_choice(body)
     modalities = _check_modalities(body)
@@ -112,7 +113,23 @@ def parse_request(raw: bytes, route: Route, *, model: str) -> CompletionRequest:
         continuous_usage=continuous_usage,
         return_token_ids=return_token_ids,
         max_tokens=max_completion_tokens if max_completion_tokens is not None else max_tokens,
+        echo=echo,
     )
+
+
+def check_one_prompt(request: CompletionRequest) -> None:
+    """Refuse a batch of prompts (a list of strings or of ID lists, more than one; a flat
+    list of IDs is one prompt): vLLM answers one choice per prompt, but the router admits,
+    sizes, projects and places one prompt per request, so a batch is refused before any
+    engine work (400 naming `prompt`) rather than sent as a request no projection was
+    made for, whose answer the relay could not account choice by choice."""
+    prompt = request.body.get("prompt") if request.route == "completion" else None
+    if isinstance(prompt, list) and len(prompt) > 1 and not _is_int(prompt[0]):
+        raise InvalidRequest(
+            f"'prompt' holds {len(prompt)} prompts; this router serves one prompt per "
+            "request: send each prompt as its own request.",
+            param="prompt",
+        )
 
 
 # --- field checks -----------------------------------------------------------------------------

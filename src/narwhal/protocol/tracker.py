@@ -25,6 +25,7 @@ from narwhal.protocol.plain import PlainEvent
 from narwhal.protocol.shape import check_finish_reason
 from narwhal.protocol.tokens import (
     carries_output,
+    check_token_ids,
     count_event_token_ids,
     missing_token_ids,
     sglext_output_token_count,
@@ -35,6 +36,7 @@ from narwhal.protocol.usage import event_usage
 class OutputTracker:
     __slots__ = (
         "_choices",
+        "_echo",
         "_finish_reasons",
         "_first_count",
         "_prompt_ids",
@@ -55,13 +57,17 @@ class OutputTracker:
         token_ids: bool,
         prompt_ids: bool = True,
         choices: int | None = None,
+        echo: bool = False,
     ) -> None:
         """`token_ids`: the engine supplies them; `prompt_ids`: the client will see the
         prompt's IDs, so they are checked too; `choices`: how many the engine was asked
         for (its `n`), so an index outside 0 .. choices-1 fails the attempt (None: any
-        index, for tests of wider streams)."""
+        index, for tests of wider streams); `echo`: a chat request with `echo: true`,
+        whose last message's text vLLM sends back before any output, in events without
+        IDs (they are not output): such events pass until the first output ID."""
         self._route = route
         self._choices = choices
+        self._echo = echo
         self._token_ids = token_ids
         self._prompt_ids = prompt_ids
         self._finish_reasons: dict[int, str | None] = {}  # choice index -> finish_reason
@@ -78,10 +84,15 @@ class OutputTracker:
     def observe(self, event: Mapping[str, Any], now: float) -> None:
         """Account one decoded event; raise UpstreamError if it fails the attempt."""
         raise_for_engine_error(event)
-        if self._token_ids:
-            count = count_event_token_ids(event, self._route, prompt_ids=self._prompt_ids)
-        else:
+        if not self._token_ids:
             count = 0
+        elif self._echo and self._echoing(event):
+            count = 0  # (the role chunk too: its prompt IDs are checked all the same)
+            prompt = event.get("prompt_token_ids")
+            if self._prompt_ids and prompt is not None:
+                check_token_ids(prompt, "prompt_token_ids")
+        else:
+            count = count_event_token_ids(event, self._route, prompt_ids=self._prompt_ids)
         choices = event.get("choices")
         if choices:
             if type(choices) is not list:
@@ -152,6 +163,8 @@ class OutputTracker:
                         output = bool(choice.text)
                     if output:
                         if token_ids:
+                            if self._echo and not self.tokens and not total:
+                                continue  # chat's echo, before any output: not output
                             # What came before in this read was validated: count it.
                             if total:
                                 self._record(total, first, now)
@@ -168,6 +181,18 @@ class OutputTracker:
         if total:
             self._record(total, first, now)
         return keys
+
+    def _echoing(self, event: Mapping[str, Any]) -> bool:
+        """A chat echo event: before any output, choices that carry no ID list (vLLM's
+        echo chunk has none, whatever was asked)."""
+        if self.tokens:
+            return False
+        choices = event.get("choices")
+        return (
+            type(choices) is list
+            and bool(choices)
+            and all(type(c) is dict and c.get("token_ids") is None for c in choices)
+        )
 
     def _record(self, count: int, first: int, now: float) -> None:
         """`count` tokens arrived at `now`, `first` of them in the first event."""

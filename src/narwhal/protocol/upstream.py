@@ -2,9 +2,11 @@
 
 Token-ID engines are always asked for a stream with per-event token ids and a usage
 event, whatever the client asked (DESIGN.md section 4); the relay later removes what the
-client did not ask for. What each dialect is asked comes from its capabilities
-(`dialects.py`): engines of the generic `openai` dialect get none of vLLM's own fields,
-since some such servers answer 422 to unknown fields (PROTOCOL.md section 6.3).
+client did not ask for (and puts back the echoed prompt text IDs make vLLM blank,
+`echo.py`; an echo of token IDs is the one request sent without them). What each
+dialect is asked comes from its capabilities (`dialects.py`): engines of the generic
+`openai` dialect get none of vLLM's own fields, since some such servers answer 422 to
+unknown fields (PROTOCOL.md section 6.3).
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 from typing import Any, Final
 
 from narwhal.protocol.dialects import VLLM_ONLY_FIELDS, Dialect, capabilities
+from narwhal.protocol.echo import engine_token_ids
 from narwhal.protocol.requests import CompletionRequest
 
 CHOICES: Final = 1
@@ -20,19 +23,26 @@ refuses more), and it reaches the engine as the client wrote it. A choice index 
 is malformed engine output (`OutputTracker`, `Assembler`)."""
 
 
-def upstream_body(request: CompletionRequest, dialect: Dialect) -> dict[str, Any]:
+def upstream_body(
+    request: CompletionRequest, dialect: Dialect, *, streamed: bool = True
+) -> dict[str, Any]:
+    """The engine's body; `streamed=False`: a request the engine answers only without
+    streaming (`unstreamed.py`), asked as the client asked it, less the stream."""
     engine = capabilities(dialect)
     body = dict(request.body)
-    body["stream"] = True
-    stream_options: dict[str, Any] = {"include_usage": True}
-    if request.continuous_usage:
-        stream_options["continuous_usage_stats"] = True
-    body["stream_options"] = stream_options
+    body["stream"] = streamed
+    if streamed:
+        stream_options: dict[str, Any] = {"include_usage": True}
+        if request.continuous_usage:
+            stream_options["continuous_usage_stats"] = True
+        body["stream_options"] = stream_options
     for field in VLLM_ONLY_FIELDS:
         if field not in engine.vllm_fields:
             body.pop(field, None)
     if request.route in engine.token_ids_on:
-        body["return_token_ids"] = True
+        if engine_token_ids(request):
+            body["return_token_ids"] = True
+        # (else an echo of token IDs, which the engine writes only without them: echo.py)
     else:
         # Where the engine gives no per-event IDs the field is unknown to it, or refused:
         # SGLang answers 400 to it on streamed chat.
@@ -42,6 +52,6 @@ def upstream_body(request: CompletionRequest, dialect: Dialect) -> dict[str, Any
             # (PROTOCOL.md §6.1), which is how a client that asked for IDs gets them.
             body["return_input_ids_in_sglext"] = True
             body["return_output_ids_in_sglext"] = True
-    if "stream_interval" in engine.vllm_fields:
+    if streamed and "stream_interval" in engine.vllm_fields:
         body["stream_interval"] = 1
     return body

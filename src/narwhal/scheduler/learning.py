@@ -20,6 +20,8 @@ Sans-IO like the controller that calls it.
 
 from __future__ import annotations
 
+import math
+
 from narwhal.admission.queue import Ticket
 from narwhal.models.book import ModelBook
 from narwhal.scheduler.predictive import decoding_on, prefill_part
@@ -62,7 +64,10 @@ class PlacementLearning:
         projected = ticket.projected_ttft
         if projected is not None:
             ticket.projected_ttft = None  # one measurement per request, retries included
-            self.book.ttft_measured(projected, now - ticket.checked_at, ticket.bound_ttft)
+            bound = ticket.projected_upper
+            self.book.ttft_measured(
+                projected, now - ticket.checked_at, math.inf if bound is None else bound
+            )
         batch = decoding_on(decode)
         stretch = 1.0 if model is None else model.stretch(batch, now)
         self._decode_start[ticket] = (batch, stretch, now)

@@ -22,7 +22,7 @@ registry holds by then.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -141,7 +141,29 @@ class EngineRegistry:
             ]
         return cached
 
+    def max_model_len(self) -> int | None:
+        """The longest context every engine a request may be placed on takes: the smallest
+        `max_model_len` the eligible engines' /v1/models gave (with none eligible, the
+        smallest of any engine still listed); None while no engine has said."""
+        eligible = [
+            *self.candidates("both"),
+            *self.candidates("prefill"),
+            *self.candidates("decode"),
+        ]
+        known = _context_lengths(eligible)
+        if not known:
+            known = _context_lengths(e for e in self.entries.values() if not e.retiring)
+        return min(known) if known else None
+
     def whole_fleet_in_maintenance(self) -> bool:
         engines = [e for e in self.entries.values() if not e.retiring]
         waves = {e.config.wave for e in engines}
         return bool(engines) and None not in waves and waves <= self.active_waves
+
+
+def _context_lengths(entries: Iterable[EngineEntry]) -> list[int]:
+    return [
+        e.health.max_model_len
+        for e in entries
+        if e.health is not None and e.health.max_model_len is not None
+    ]

@@ -23,7 +23,14 @@ from narwhal.sim.emit import Emitter
 from narwhal.sim.events import SimError, merge_parts
 from narwhal.sim.kv import pull_blocks
 from narwhal.sim.model import Sequence
-from narwhal.sim.request import ParsedRequest, check_context, decode_body, interpret
+from narwhal.sim.request import (
+    ChatBody,
+    CompletionBody,
+    ParsedRequest,
+    check_context,
+    decode_body,
+    interpret,
+)
 from narwhal.sim.runtime import SimRuntime
 from narwhal.sim.scenarios import ScenarioError, Scenarios, parse_directives
 from narwhal.sim.script import TOKENIZER, GenerationRequest, Script, build_script
@@ -208,6 +215,11 @@ class CompletionRoutes:
             sglext_output=bool(body.return_output_ids_in_sglext)
             or headers.get("x-sglext-return-output-ids") == "1",
             sglext_framed=headers.get("x-sglext-ids-framed") == "1",
+            echo_text=parsed.directive_text
+            if dialect == "vllm" and isinstance(body, CompletionBody) and body.echo
+            else None,
+            prompt_logprobs=body.prompt_logprobs if dialect == "vllm" else None,
+            chat_echo=_chat_echo(body) if dialect == "vllm" else None,
         )
 
     def _hold_blocks(self, plan: _Plan) -> None:
@@ -301,6 +313,18 @@ class CompletionRoutes:
             await write(trailer)
         await response.write_eof()
         return response
+
+
+def _chat_echo(body: Any) -> str | None:
+    """The text vLLM's chat `echo` sends back: the last message's, when it is the
+    assistant's (the role the answer continues) and a non-empty string."""
+    if not isinstance(body, ChatBody) or not body.echo or not body.messages:
+        return None
+    last = body.messages[-1]
+    content = last.get("content")
+    if last.get("role") != "assistant" or not isinstance(content, str) or not content:
+        return None
+    return content
 
 
 def _drop_connection(request: web.Request) -> None:

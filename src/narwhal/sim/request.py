@@ -55,6 +55,7 @@ class _Body(msgspec.Struct, kw_only=True):
     kv_transfer_params: dict[str, Any] | None = None
     request_id: str | None = None
     tools: list[Any] | None = None
+    prompt_logprobs: int | None = None
     return_prompt_token_ids: bool | None = None
     return_input_ids_in_sglext: bool | None = None
     return_output_ids_in_sglext: bool | None = None
@@ -65,11 +66,13 @@ class ChatBody(_Body, kw_only=True):
     max_completion_tokens: int | None = None
     logprobs: bool | None = False
     top_logprobs: int | None = None
+    echo: bool | None = False
 
 
 class CompletionBody(_Body, kw_only=True):
     prompt: str | list[Any]
     logprobs: int | None = None
+    echo: bool | None = False
 
 
 @dataclass(slots=True)
@@ -158,6 +161,17 @@ def interpret(body: ChatBody | CompletionBody, tokenizer: SimTokenizer) -> Parse
         raise bad_request(
             "Stream options can only be defined when `stream=True`.", "stream_options"
         )
+    prompt_logprobs = body.prompt_logprobs
+    if prompt_logprobs is not None:
+        # vLLM's protocol validation, in its words (0 streams: no prompt logprobs asked).
+        if body.stream and (prompt_logprobs > 0 or prompt_logprobs == -1):
+            raise bad_request(
+                "`prompt_logprobs` are not available when `stream=True`.", "prompt_logprobs"
+            )
+        if prompt_logprobs < 0 and prompt_logprobs != -1:
+            raise bad_request(
+                "`prompt_logprobs` must be a positive value or -1.", "prompt_logprobs"
+            )
     if body.stream_interval is not None and body.stream_interval < 1:
         raise bad_request("stream_interval must be at least 1", "stream_interval")
     stop = (body.stop,) if isinstance(body.stop, str) else tuple(body.stop or ())

@@ -48,6 +48,27 @@ class ShapeContext:
     sglext_input: bool = False
     sglext_output: bool = False
     sglext_framed: bool = False
+    # Completions' `echo`: the prompt's text, which goes in front of the first text unless
+    # IDs were asked (vLLM then blanks it: completion/serving.py); the echo chunk carries
+    # the prompt's IDs either way.
+    echo_text: str | None = None
+    # Chat's `echo`: the last message's text, when it is the assistant's (vLLM echoes the
+    # message whose role the answer continues), sent after the role chunk without IDs.
+    chat_echo: str | None = None
+    # `prompt_logprobs` (non-streaming only): how many top logprobs per prompt token.
+    prompt_logprobs: int | None = None
+
+
+def prompt_logprobs(ctx: ShapeContext) -> list[dict[str, Any] | None] | None:
+    """vLLM's `prompt_logprobs`: null for the first prompt token (nothing precedes it),
+    then each token's own logprob keyed by its ID (the sim's are all -1.0, rank 1)."""
+    if ctx.prompt_logprobs is None:
+        return None
+    tail = [
+        {str(token): {"logprob": -1.0, "rank": 1, "decoded_token": f"<{token}>"}}
+        for token in ctx.prompt_ids[1:]
+    ]
+    return [None, *tail]
 
 
 def usage_dict(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
@@ -236,7 +257,7 @@ class VllmShape:
         if not self.ctx.chat:
             return b""
         ids = _encode(self.ctx.prompt_ids) if self.ctx.return_token_ids else _NULL
-        return b"".join(
+        role = b"".join(
             (
                 self.choice_head,
                 b'"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}]',
@@ -246,6 +267,19 @@ class VllmShape:
                 b',"prompt_text":null}\n\n',
             )
         )
+        if not self.ctx.chat_echo:
+            return role
+        echo = b"".join(
+            (
+                self.choice_head,
+                b'"delta":',
+                _encode({"content": self.ctx.chat_echo}),
+                b',"logprobs":null,"finish_reason":null}]',
+                self._usage_piece(0),
+                b"}\n\n",
+            )
+        )
+        return role + echo
 
     def chunk(self, event: Event) -> bytes:
         final = event.finish_reason is not None
@@ -272,8 +306,12 @@ class VllmShape:
                 )
             )
         prompt_ids = b"null"
-        if event.first and self.ctx.return_token_ids:
+        echo = self.ctx.echo_text
+        text = event.text
+        if event.first and (self.ctx.return_token_ids or echo is not None):
             prompt_ids = _encode(self.ctx.prompt_ids)
+        if event.first and echo is not None and not self.ctx.return_token_ids:
+            text = echo + text
         annotations = b""
         if event.delta.annotated:
             annotations = b',"annotations":' + _encode(self._annotations(event.text))
@@ -281,7 +319,7 @@ class VllmShape:
             (
                 self.choice_head,
                 b'"text":',
-                _encode(event.text),
+                _encode(text),
                 b',"logprobs":',
                 self._logprobs_piece(event),
                 b',"finish_reason":',
@@ -356,18 +394,21 @@ class VllmShape:
                 {"id": ctx.response_id, "object": "chat.completion", "created": ctx.created,
                  "model": ctx.model, "choices": [choice],
                  "service_tier": None, "system_fingerprint": self.fingerprint, "usage": usage,
-                 "prompt_logprobs": None, "prompt_token_ids": prompt_ids, "prompt_text": None,
+                 "prompt_logprobs": prompt_logprobs(ctx), "prompt_token_ids": prompt_ids,
+                 "prompt_text": None,
                  "kv_transfer_params": ctx.kv_transfer_params, "ec_transfer_params": None,
                  "metrics": None}
             )  # fmt: skip
         text = (delta.reasoning or "") + (delta.content or "")
+        if ctx.echo_text is not None and not ctx.return_token_ids:
+            text = ctx.echo_text + text
         completion_choice: dict[str, Any] = {
             "index": 0,
             "text": text,
             "logprobs": completion_logprobs(logprobs, 0) if logprobs is not None else None,
             "finish_reason": finish_reason,
             "stop_reason": ctx.stop_reason,
-            "prompt_logprobs": None,
+            "prompt_logprobs": prompt_logprobs(ctx),
             "prompt_token_ids": prompt_ids,
             "token_ids": token_ids,
         }
@@ -381,6 +422,12 @@ class VllmShape:
         )  # fmt: skip
 
     def _message(self, delta: Delta) -> dict[str, Any]:
+        message = self._generated_message(delta)
+        if self.ctx.chat_echo:
+            message["content"] = self.ctx.chat_echo + (message["content"] or "")
+        return message
+
+    def _generated_message(self, delta: Delta) -> dict[str, Any]:
         calls = merge_calls(delta.tool_calls)
         function_call = None
         if delta.function_name is not None:
