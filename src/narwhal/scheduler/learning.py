@@ -43,7 +43,14 @@ class PlacementLearning:
             tokens = ticket.request.prompt_tokens - plan.cached_tokens
             # Its TTFT there as projected now: what the engine's calibration learns from.
             projected = prefill_part(first, first.model, tokens, now)
-            first.model.prefill_placed(ticket, tokens, decoding_on(first), now, projected)
+            first.model.prefill_placed(
+                ticket,
+                tokens,
+                decoding_on(first),
+                now,
+                projected,
+                output=ticket.request.predicted_output,
+            )
 
     def prefill_answered(self, ticket: Ticket, plan: Plan, now: float) -> None:
         first = plan.first
@@ -56,7 +63,9 @@ class PlacementLearning:
         model = decode.model
         if model is not None:
             if plan.prefill is None:
-                model.prefill_finished(ticket, now, decoding_on(decode))
+                # (admission counts it among those decoding there already)
+                decoding = decoding_on(decode)
+                model.prefill_finished(ticket, now, decoding, others=decoding - 1)
             else:
                 answered = self._answered.pop(ticket, None)
                 if answered is not None:
