@@ -33,8 +33,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from narwhal.sim.options import SimOptions  # noqa: E402
-from tests.closed_loop import ClosedLoop, Record, capacity, poisson  # noqa: E402
+from narwhal.sim.options import SimOptions
+from tests.closed_loop import ClosedLoop, Record, capacity, poisson
 
 PROMPTS = (256, 4096)
 OUTPUTS = (32, 256)
