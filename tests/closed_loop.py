@@ -222,11 +222,18 @@ class ClosedLoop:
             elif event.kind == "step":
                 assert isinstance(event.payload, tuple)
                 self._step_done(*event.payload)
+            elif event.kind == "change":
+                assert callable(event.payload)
+                event.payload(self)
             elif event.kind == "scrape":
                 self._scrape()
                 if any(r.outcome == "pending" for r in self._records.values()) or (self.now < last):
                     self._push(self.now + SCRAPE_EVERY_S, "scrape", None)
         return records
+
+    def at(self, when: float, change: Callable[[ClosedLoop], None]) -> None:
+        """Run `change` at virtual time `when` (an engine that slows down, say)."""
+        self._push(when, "change", change)
 
     def _push(self, at: float, kind: str, payload: object) -> None:
         heapq.heappush(self._events, _Event(at, next(self._order), kind, payload))
@@ -248,6 +255,7 @@ class ClosedLoop:
                 return record
             if projection is not None:
                 ticket.projected_ttft = projection.raw
+                ticket.projected_upper = projection.upper
                 ticket.checked_at = self.now
                 record.checked_upper = projection.upper
                 record.expected = projection.expected

@@ -175,6 +175,11 @@ async def test_a_burst_beyond_capacity_is_refused_early_and_the_admitted_meet_th
         assert values['narwhal_outcomes_total{outcome="completed"}'] == len(admitted)
         # Every admitted request's TTFT as the router measured it is within the budget too.
         assert values['narwhal_ttft_seconds_bucket{engine="s0",le="+Inf"}'] >= len(admitted)
+        # Each admitted request's first token was held to its projection's bound, once.
+        within = values['narwhal_ttft_bound_total{outcome="within"}']
+        exceeded = values['narwhal_ttft_bound_total{outcome="exceeded"}']
+        assert within + exceeded == len(admitted)
+        assert values['narwhal_engine_ttft_bound_factor{engine="s0"}'] >= 1.0
 
 
 async def test_open_mode_profiles_nothing(sim: NarwhalProcess) -> None:

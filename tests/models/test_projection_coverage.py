@@ -94,3 +94,32 @@ def test_at_half_capacity_little_is_refused_where_open_admission_would_serve_all
     summary = summarize(records, BUDGET, 40.0)
     assert summary.refused_share <= 0.02, summary.line()
     assert summary.within_share >= 0.99, summary.line()
+
+
+@pytest.mark.parametrize("name", ["chunked-8192", "serial", "sglang"])
+def test_an_engine_that_slows_down_midway_is_followed_within_seconds(name: str) -> None:
+    """At 1.5x, the engine's prefill halves in speed 20 s in (another tenant on the GPU,
+    thermal throttling): what the model learned is wrong at once, and the prompts waiting
+    show it before any first token does. Requests admitted in the second after the change
+    were priced at the old speed (on the serial engine, nine of about twenty); from two
+    seconds on the projection has followed."""
+    options = ENGINES[name]
+    if name not in _capacities:
+        _capacities[name] = capacity(options, PROMPTS, OUTPUTS)
+    loop = ClosedLoop([options], budget=BUDGET)
+    loop.profile()
+    start = loop.now + 1.0
+
+    def slow_down(loop: ClosedLoop) -> None:
+        engine = loop.runs["e0"].engine
+        engine.prefill_rate /= 2.0
+        engine.base_s *= 2.0
+
+    loop.at(start + 20.0, slow_down)
+    rate = 1.5 * _capacities[name]
+    records = loop.run(poisson(rate, 40.0, PROMPTS, OUTPUTS, seed=5, start=start))
+    after = [r for r in records if start + 22.0 <= r.arrival.at < start + 32.0]
+    summary = summarize(after, BUDGET, 10.0)
+    assert summary.admitted > 0.15 * len(after), summary.line()
+    assert summary.within_share >= 0.99, summary.line()
+    assert summarize(records, BUDGET, 40.0).within_share >= 0.98

@@ -54,7 +54,8 @@ class Ticket:
     # Predictive admission: the TTFT projected when the request was checked (seconds
     # from `checked_at`), compared with what it turns into at its first token.
     projected_ttft: float | None = None
-    projected_upper: float | None = None  # the same as it turns out 99 times in 100
+    # and the bound admission held it to (its upper bound), compared likewise.
+    projected_upper: float | None = None
     checked_at: float = 0.0
     output: OutputTracker | None = None  # the current attempt's output, as it arrives
 

@@ -64,6 +64,9 @@ class ModelBook:
             TARGET_QUANTILE, initial=INITIAL_MARGIN, step=0.05, lowest=0.5, highest=10.0
         )
         self._prediction_error = prediction_error
+        # Admitted requests whose first token came within / after the projection's bound.
+        self.bound_within = 0
+        self.bound_exceeded = 0
 
     def model(self, name: str) -> EngineModel:
         return self.engines[name]
@@ -86,10 +89,15 @@ class ModelBook:
     def remove(self, name: str) -> None:
         self.engines.pop(name, None)
 
-    def ttft_measured(self, projected: float, measured: float) -> None:
-        """A projection (raw seconds) and the TTFT it turned into (seconds, same origin)."""
+    def ttft_measured(self, projected: float, measured: float, bound: float = math.inf) -> None:
+        """A projection (raw seconds) and the TTFT it turned into (seconds, same origin);
+        `bound`: the upper bound admission held it to (counted: within or exceeded)."""
         if not (math.isfinite(projected) and math.isfinite(measured)):
             return
+        if measured > bound:
+            self.bound_exceeded += 1
+        else:
+            self.bound_within += 1
         if projected <= 0 or measured <= 0:
             return
         ratio = measured / projected

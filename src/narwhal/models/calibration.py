@@ -20,7 +20,12 @@ a long one a queue's, which averages over many prompts. Admission decides by the
 ones (a request is refused when its bound nears the budget), so the distribution is kept
 per class of projection (`_CLASSES`, shares of the budget) as well as over all of them,
 and a class's own distribution is read once it has `_OWN` samples; before, the overall
-one stands for it.
+one stands for it. Projections made while the engine had nothing of Narwhal's in flight
+are a class of their own, and only they: an idle engine's first token is its prompt's
+prefill, which the probes measured, whatever queues have done to the other classes (so
+an engine that queueing made look hopeless can still take a prompt when it is idle, and
+be learned again; without it, a bound that refused everything would never see the
+measurement that lowers it).
 
 Before `_FIRM` samples a bound cannot be read from a histogram alone (the 99.5th
 percentile of 20 samples is their maximum, and says little): it is the larger of the
@@ -83,7 +88,7 @@ class _Errors:
 
 
 class Calibration:
-    __slots__ = ("_all", "_classes", "_edges", "additive_s", "prior", "quantile")
+    __slots__ = ("_all", "_classes", "_edges", "_idle", "additive_s", "prior", "quantile")
 
     def __init__(
         self, *, budget_s: float, quantile: float = 0.995, prior: float = PRIOR_MARGIN
@@ -98,21 +103,28 @@ class Calibration:
         self._edges = tuple(edge * budget_s for edge in _CLASSES)
         self._all = _Errors(prior)
         self._classes = [_Errors(prior) for _ in range(len(_CLASSES) + 1)]
+        self._idle = _Errors(prior)
 
     @property
     def samples(self) -> int:
         return self._all.samples
 
-    def add(self, raw: float, measured: float) -> None:
-        """A projection (seconds) and what it turned into (seconds, same origin)."""
+    def add(self, raw: float, measured: float, *, idle: bool = False) -> None:
+        """A projection (seconds) and what it turned into (seconds, same origin); `idle`:
+        made while the engine had nothing of Narwhal's in flight."""
         if not (math.isfinite(raw) and math.isfinite(measured)) or raw < 0 or measured < 0:
             return
         s = self.additive_s
         ratio = (measured + s) / (raw + s)
+        if idle:
+            self._idle.add(ratio, self.quantile, self.prior)
+            return
         self._all.add(ratio, self.quantile, self.prior)
         self._classes[bisect.bisect_right(self._edges, raw)].add(ratio, self.quantile, self.prior)
 
-    def _errors(self, raw: float) -> _Errors:
+    def _errors(self, raw: float, idle: bool = False) -> _Errors:
+        if idle:
+            return self._idle
         errors = self._classes[bisect.bisect_right(self._edges, raw)]
         return errors if errors.samples >= _OWN else self._all
 
@@ -125,17 +137,19 @@ class Calibration:
     def bias(self) -> float:
         return self._all.median
 
-    def expected(self, raw: float) -> float:
+    def expected(self, raw: float, *, idle: bool = False) -> float:
         s = self.additive_s
-        return max(0.0, (raw + s) * self._errors(raw).median - s)
+        return max(0.0, (raw + s) * self._errors(raw, idle).median - s)
 
-    def upper(self, raw: float, lateness: float = 1.0) -> float:
+    def upper(self, raw: float, lateness: float = 1.0, *, idle: bool = False) -> float:
         """The bound: `lateness` (>= 1) widens it further while the engine's requests in
         flight are already later than their own bounds said (see `EngineModel`)."""
         s = self.additive_s
-        return max(raw, (raw + s) * self._errors(raw).upper * max(1.0, lateness) - s)
+        factor = self._errors(raw, idle).upper
+        return max(raw, (raw + s) * factor * max(1.0, lateness) - s)
 
     def reset(self) -> None:
         """A new engine behind the name (it restarted, it was re-profiled)."""
         self._all = _Errors(self.prior)
         self._classes = [_Errors(self.prior) for _ in self._classes]
+        self._idle = _Errors(self.prior)

@@ -75,6 +75,9 @@ _KV_HEADROOM: Final = 0.9  # the share of the cache placement fills
 # TPOT observed where prefill stretched decode steps more than this is not learned from.
 _MAX_LEARNED_STRETCH: Final = 2.0
 _TTFT_KEPT_S: Final = 0.001
+# First tokens that waited for every decode ahead, with none overlapping, before an engine
+# is taken to serve one request at a time.
+_SERIAL_EVIDENCE: Final = 3
 
 ProfileState = Literal["unprofiled", "profiling", "profiled", "failed"]
 
@@ -119,6 +122,9 @@ class _Pending:
     placed_at: float
     projected: float | None  # its TTFT as projected at placement (None: not projected)
     upper: float  # the bound on that projection, then
+    decoding_at: float  # sequences decoding there when it was placed
+    output: float  # its expected output tokens
+    idle: bool  # placed with nothing of Narwhal's in flight there
 
 
 DEFAULT_STEP_BUDGET: Final = 8192  # vLLM's max_num_batched_tokens on large GPUs
@@ -164,6 +170,11 @@ class EngineModel:
         self._stretched_at = -math.inf  # when prefill last stretched decode steps a lot
         self.observed_at = -math.inf  # when a served request last taught the model
         self._pending: dict[object, _Pending] = {}
+        # First tokens that came while others of Narwhal's decoded there, and first tokens
+        # that came only once every decode placed before them had finished: the evidence
+        # that the engine serves one request at a time (see `one_at_a_time`).
+        self._overlapped = 0.0
+        self._serialized = 0.0
         self.tpot_observed: float | None = None  # an average of what requests saw
         self._costs: tuple[tuple[int, int, int], StepCosts] | None = None
         self._last_ttft: tuple[tuple[object, ...], float, float] | None = None
@@ -298,6 +309,8 @@ class EngineModel:
         # bounds it from below whatever the scheduler.
         projected, _ = self.lane.project(prompt_tokens, now, costs, 0.0)
         projected = max(projected, self.throughput.projection(prompt_tokens, now, decoding))
+        if self.one_at_a_time:
+            projected = max(projected, self._one_at_a_time_ttft(prompt_tokens, now))
         # Never less than the prompt's own prefill alone.
         alone = self.service(prompt_tokens, decoding)
         projected = max(projected, alone)
@@ -312,12 +325,34 @@ class EngineModel:
                 projected = max(projected, wait + alone)
         return projected
 
+    @property
+    def one_at_a_time(self) -> bool:
+        """Whether the engine runs one request at a time, prefill and whole output, as an
+        engine without continuous batching does (`transformers serve` by default): a
+        prompt placed while others decoded there got its first token only after they had
+        all finished, several times, and never while another was decoding."""
+        return self._serialized >= _SERIAL_EVIDENCE and self._overlapped == 0
+
+    def _one_at_a_time_ttft(self, prompt_tokens: int, now: float) -> float:
+        """On an engine that serves one request at a time: what those decoding have left,
+        then each prompt waiting ahead with its whole expected output, then this prefill."""
+        step = self.decode_step(1.0)
+        left = sum(self.decoding.remaining(now)) * step
+        for pending in self._pending.values():
+            left += pending.estimate + pending.output * step
+        return left + self.service(prompt_tokens, 0.0)
+
+    @property
+    def idle(self) -> bool:
+        """Nothing of Narwhal's in flight here (no prefill waiting, no decode)."""
+        return not self._pending and not len(self.decoding)
+
     def upper(self, projected: float, now: float) -> float:
         """The TTFT a projection made now stays under (at the calibration's quantile)."""
-        return self.calibration.upper(projected, self.lateness(now))
+        return self.calibration.upper(projected, self.lateness(now), idle=self.idle)
 
     def expected(self, projected: float) -> float:
-        return self.calibration.expected(projected)
+        return self.calibration.expected(projected, idle=self.idle)
 
     def lateness(self, now: float) -> float:
         """How much later than their own bounds the prefills waiting here already are
@@ -378,11 +413,13 @@ class EngineModel:
         return self.service(prompt_tokens, 0.0)
 
     def backlog(self, now: float, decoding: float = 0.0) -> float:
-        """Seconds of prefill work ahead of a request placed now."""
+        """Seconds of prefill work ahead of a request placed now (by the lane, or by the
+        rate the engine clears prompts at, whichever says more)."""
         if not len(self.lane):
             return 0.0
-        _, ahead = self.lane.project(0, now, self.step_costs(decoding), self._rate.value(now))
-        return ahead
+        _, ahead = self.lane.project(0, now, self.step_costs(decoding), 0.0)
+        cleared = self.throughput.ahead(now) * self.throughput.seconds_per_token(decoding)
+        return max(ahead, cleared)
 
     def utilisation(self, now: float) -> float:
         """The share of the engine's time the prefill placed there takes (rho)."""
@@ -423,28 +460,42 @@ class EngineModel:
         decoding: float,
         now: float,
         projected: float | None = None,
+        output: float = 0.0,
     ) -> None:
-        """`projected`: the prompt's TTFT here as projected at placement (seconds)."""
+        """`projected`: the prompt's TTFT here as projected at placement (seconds);
+        `output`: its expected output tokens."""
         features = prefill_features(prompt_tokens, decoding)
         estimate = self.service(prompt_tokens, decoding)
         solo = len(self.lane) == 0
         upper = math.inf if projected is None else self.upper(projected, now)
+        idle = self.idle
         self.lane.add(key, prompt_tokens, now)
         self.throughput.placed(key, prompt_tokens, now, decoding)
-        self._pending[key] = _Pending(features, estimate, solo, now, projected, upper)
+        self._pending[key] = _Pending(
+            features, estimate, solo, now, projected, upper, decoding, output, idle
+        )
         self._rate.add(prompt_tokens, now)
         self._starts.add(1.0, now)
 
-    def prefill_finished(self, key: object, now: float, decoding: float = 0.0) -> float | None:
-        """The prefill of `key` finished at `now`: a step ended; learn from it."""
+    def prefill_finished(
+        self, key: object, now: float, decoding: float = 0.0, others: float | None = None
+    ) -> float | None:
+        """The prefill of `key` finished at `now`: a step ended; learn from it.
+        `others`: the sequences decoding there beside it (`decoding` when not given)."""
         pending = self._pending.pop(key, None)
+        if pending is not None:
+            beside = decoding if others is None else others
+            if beside >= 1:
+                self._overlapped += 1
+            elif pending.decoding_at >= 1:
+                self._serialized += 1
         measured = self.lane.finish(key, now, self._budget(decoding))
         self.throughput.finished(key, now, decoding)
         if pending is None or measured is None:
             return None
         self.observed_at = now
         if pending.projected is not None:
-            self.calibration.add(pending.projected, now - pending.placed_at)
+            self.calibration.add(pending.projected, now - pending.placed_at, idle=pending.idle)
         if pending.solo:
             # Alone on the engine, the measurement is this prompt's own prefill: what the
             # fit learns from (under load, a service time by the departure rule is a

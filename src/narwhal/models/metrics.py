@@ -11,6 +11,9 @@ time (a handful of engines), so the models stay plain objects and cost nothing e
     narwhal_engine_reprofiles_total{engine}               re-profiles after drift
     narwhal_engine_profile_attempts_total{engine}         profiling runs started
     narwhal_ttft_projection_factor{quantile}              measured / projected TTFT (0.5, 0.99)
+    narwhal_engine_ttft_bound_factor{engine}              the ratio the engine's bound applies
+    narwhal_ttft_bound_total{outcome}                     admitted requests whose first token
+                                                          came within / after their bound
 """
 
 from __future__ import annotations
@@ -86,4 +89,31 @@ class ModelCollector(Collector):
         )
         factor.add_metric(["0.5"], self._book.bias.value)
         factor.add_metric(["0.99"], self._book.margin.value)
-        yield from (profiled, backlog, predicted, observed, drift, reprofiles, attempts, factor)
+        bound_factor = GaugeMetricFamily(
+            "narwhal_engine_ttft_bound_factor",
+            "The ratio the engine's TTFT bound applies to its projections, as they have "
+            "turned out there (its calibration's 99.5th percentile, over all projections).",
+            labels=["engine"],
+        )
+        for name, model in engines.items():
+            bound_factor.add_metric([name], model.calibration.factor)
+        bound = CounterMetricFamily(
+            "narwhal_ttft_bound",
+            "Admitted requests with a projection, by whether their first token came within "
+            "the upper bound admission held the projection to.",
+            labels=["outcome"],
+        )
+        bound.add_metric(["within"], self._book.bound_within)
+        bound.add_metric(["exceeded"], self._book.bound_exceeded)
+        yield from (
+            profiled,
+            backlog,
+            predicted,
+            observed,
+            drift,
+            reprofiles,
+            attempts,
+            factor,
+            bound_factor,
+            bound,
+        )

@@ -20,6 +20,8 @@ Sans-IO like the controller that calls it.
 
 from __future__ import annotations
 
+import math
+
 from narwhal.admission.queue import Ticket
 from narwhal.models.book import ModelBook
 from narwhal.scheduler.predictive import decoding_on, prefill_part
@@ -41,7 +43,14 @@ class PlacementLearning:
             tokens = ticket.request.prompt_tokens - plan.cached_tokens
             # Its TTFT there as projected now: what the engine's calibration learns from.
             projected = prefill_part(first, first.model, tokens, now)
-            first.model.prefill_placed(ticket, tokens, decoding_on(first), now, projected)
+            first.model.prefill_placed(
+                ticket,
+                tokens,
+                decoding_on(first),
+                now,
+                projected,
+                output=ticket.request.predicted_output,
+            )
 
     def prefill_answered(self, ticket: Ticket, plan: Plan, now: float) -> None:
         first = plan.first
@@ -54,7 +63,9 @@ class PlacementLearning:
         model = decode.model
         if model is not None:
             if plan.prefill is None:
-                model.prefill_finished(ticket, now, decoding_on(decode))
+                # (admission counts it among those decoding there already)
+                decoding = decoding_on(decode)
+                model.prefill_finished(ticket, now, decoding, others=decoding - 1)
             else:
                 answered = self._answered.pop(ticket, None)
                 if answered is not None:
@@ -62,7 +73,10 @@ class PlacementLearning:
         projected = ticket.projected_ttft
         if projected is not None:
             ticket.projected_ttft = None  # one measurement per request, retries included
-            self.book.ttft_measured(projected, now - ticket.checked_at)
+            bound = ticket.projected_upper
+            self.book.ttft_measured(
+                projected, now - ticket.checked_at, math.inf if bound is None else bound
+            )
         batch = decoding_on(decode)
         stretch = 1.0 if model is None else model.stretch(batch, now)
         self._decode_start[ticket] = (batch, stretch, now)
