@@ -152,6 +152,12 @@ class FleetConfig(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True)
     # place of the engine's api_key): for engines that check per-user keys themselves.
     # Probes always carry the engine's api_key. Per engine: engines[].forward_client_...
     forward_client_authorization: bool = False
+    # Profiling probes' prompt lengths, in the engine's own tokens (at least two; more
+    # than one length, so that a prefill slope can be fitted). Null: 64, 512, 2048, 64.
+    # Either way scaled down together to fit each engine's max_model_len.
+    probe_prompt_tokens: (
+        Annotated[tuple[Annotated[int, Meta(ge=1, le=1_048_576)], ...], Meta(min_length=2)] | None
+    ) = None
 
 
 class HAConfig(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):

@@ -8,8 +8,9 @@ time (a handful of engines), so the models stay plain objects and cost nothing e
     narwhal_engine_tpot_predicted_seconds{engine}         TPOT for one more request there
     narwhal_engine_tpot_observed_seconds{engine}          average TPOT requests saw there
     narwhal_engine_drift{engine,quantity}                 log(observed / profile), > 0 slower
-    narwhal_engine_reprofiles_total{engine}               re-profiles after drift
+    narwhal_engine_reprofiles_total{engine}               re-profiles (drift, a restart)
     narwhal_engine_profile_attempts_total{engine}         profiling runs started
+    narwhal_engine_probe_tokens_total{engine}             tokens the probes had it serve
     narwhal_ttft_projection_factor{quantile}              measured / projected TTFT (0.5, 0.99)
 """
 
@@ -63,10 +64,18 @@ class ModelCollector(Collector):
             labels=["engine", "quantity"],
         )
         reprofiles = CounterMetricFamily(
-            "narwhal_engine_reprofiles", "Re-profiles after drift.", labels=["engine"]
+            "narwhal_engine_reprofiles",
+            "Re-profiles: after drift, or of a new process (a restart, a new max_model_len).",
+            labels=["engine"],
         )
         attempts = CounterMetricFamily(
             "narwhal_engine_profile_attempts", "Profiling runs started.", labels=["engine"]
+        )
+        probe_tokens = CounterMetricFamily(
+            "narwhal_engine_probe_tokens",
+            "Prompt and output tokens the profiling probes had the engine serve (never "
+            "counted as client traffic).",
+            labels=["engine"],
         )
         for name, model in engines.items():
             profiled.add_metric([name], 1.0 if model.profiled else 0.0)
@@ -78,6 +87,7 @@ class ModelCollector(Collector):
             drift.add_metric([name, "tpot"], model.tpot_drift.score)
             reprofiles.add_metric([name], model.profiling.reprofiles)
             attempts.add_metric([name], model.profiling.attempts)
+            probe_tokens.add_metric([name], model.profiling.probe_tokens)
         factor = GaugeMetricFamily(
             "narwhal_ttft_projection_factor",
             "Measured / projected TTFT of admitted requests, by quantile: 0.5 corrects the "
@@ -86,4 +96,5 @@ class ModelCollector(Collector):
         )
         factor.add_metric(["0.5"], self._book.bias.value)
         factor.add_metric(["0.99"], self._book.margin.value)
-        yield from (profiled, backlog, predicted, observed, drift, reprofiles, attempts, factor)
+        yield from (profiled, backlog, predicted, observed, drift, reprofiles, attempts)
+        yield from (probe_tokens, factor)
