@@ -412,15 +412,25 @@ def _engine_address(engine: EngineConfig) -> str:
 
 
 def _check_fleet(fleet: FleetConfig) -> list[Problem]:
+    problems = []
     if fleet.stale_after_s < fleet.probe_interval_s:
-        return [
+        problems.append(
             Problem(
                 ("fleet", "stale_after_s"),
                 f"must be at least fleet.probe_interval_s ({fleet.probe_interval_s}), "
                 f"got {fleet.stale_after_s}",
             )
-        ]
-    return []
+        )
+    sizes = fleet.probe_prompt_tokens
+    if sizes is not None and len(set(sizes)) < 2:
+        problems.append(
+            Problem(
+                ("fleet", "probe_prompt_tokens"),
+                "must hold at least two different lengths (the prefill fit needs short and "
+                f"long prompts), got {list(sizes)}",
+            )
+        )
+    return problems
 
 
 def _check_ha(ha: HAConfig) -> list[Problem]:

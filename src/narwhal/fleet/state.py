@@ -98,6 +98,9 @@ class EngineHealth:
     # then the profiler waits for them.
     restarts: int = 0
     recheck: bool = False
+    # The last good scrape since the engine was last seen up: what counters are compared
+    # with (one from before it went down would find every comeback a restart).
+    counters_since_up: EngineScrape | None = None
 
     @property
     def healthy(self) -> bool:
@@ -123,12 +126,14 @@ class EngineHealth:
         self.last_failure = check
         if self.consecutive_failures >= STRIKES_TO_DOWN[check]:
             self.status = "down"
+            self.counters_since_up = None  # it comes back a new process, already known
 
     def record_scrape(self, result: ScrapeResult, now: float) -> None:
         if isinstance(result, EngineScrape):
-            if _counters_went_back(self.last_scrape, result):
+            if _counters_went_back(self.counters_since_up, result):
                 self.restarts += 1
                 self.recheck = True
+            self.counters_since_up = result
             self.last_scrape = result
             self.last_scrape_at = now
             self.metrics_supported = True
