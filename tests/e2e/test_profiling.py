@@ -39,12 +39,25 @@ def _profile_lines(log: Path, engine: str) -> list[str]:
     return [line for line in log.read_text().splitlines() if f"profiler: engine {engine} " in line]
 
 
-@pytest.mark.parametrize("context", [2048, 600])
-async def test_an_engine_with_a_short_context_is_profiled_within_it(context: int) -> None:
+@pytest.mark.parametrize(
+    ("context", "dialect"),
+    [
+        (2048, "vllm"),
+        (600, "vllm"),
+        # Served as a generic OpenAI server: no /tokenize, no tokenizer configured, chat
+        # probes. Sized by the estimate, which the engine's usage corrects.
+        (2048, "openai"),
+    ],
+)
+async def test_an_engine_with_a_short_context_is_profiled_within_it(
+    context: int, dialect: str
+) -> None:
     """vLLM --max-model-len 2048 (common on small GPUs): the default 2,048-token probe
     and its output would be refused with a 400; fitted, every probe is answered."""
     with sim_process("--time-scale", "1", "--max-model-len", str(context)) as sim:
-        with router_process(predictive([("s0", sim)])) as router:
+        config = predictive([("s0", sim)])
+        config["engines"][0]["dialect"] = dialect
+        with router_process(config) as router:
             engine = (await engines(router))["s0"]
             assert engine["profiling"]["state"] == "profiled", engine["profiling"]
             assert engine["eligible"] is True

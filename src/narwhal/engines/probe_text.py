@@ -43,9 +43,10 @@ _WORDS: Final = (
 )  # fmt: skip
 # Before anything was counted: the prefix and a BOS, about.
 _OVERHEAD: Final = 5.0
-# The share of a target an estimated (uncounted) text aims at until the engine has
-# counted one: an estimate may be off, the engine's limit is not.
+# The share of a target an estimated (uncounted) text aims at, before and after the
+# engine has counted one: an estimate may be off, the engine's limit is not.
 _UNCOUNTED_SHARE: Final = 0.8
+_CALIBRATED_SHARE: Final = 0.95
 
 _CHAT_TEMPLATE_TOKENS: Final = 4
 
@@ -63,6 +64,7 @@ class ProbeText:
         self.per_word = 1.0
         self.overhead = _OVERHEAD
         self._calibrated = False  # per_word measured (a count, or the engine's usage)
+        self._usage: dict[int, int] = {}  # words -> the engine's count, from its usage
         self.round_trips = 0
 
     @property
@@ -108,7 +110,8 @@ class ProbeText:
     def estimate(self, words: list[str], target: int) -> tuple[str, int]:
         """Sized by the tokens per word learned so far (`learn`), aiming below the target
         until the engine has counted a probe."""
-        aim = target if self._calibrated else max(1, int(_UNCOUNTED_SHARE * target))
+        share = _CALIBRATED_SHARE if self._calibrated else _UNCOUNTED_SHARE
+        aim = max(1, int(share * target))
         n = max(0, min(len(words), self._words_for(aim)))
         return _text(words, n), round(self.overhead + n * self.per_word)
 
@@ -116,16 +119,17 @@ class ProbeText:
         """The engine counted `engine_count` prompt tokens for `text` (its usage): the
         estimate's tokens per word follow it."""
         n = text.count(" ") - _PREFIX.count(" ")
-        if n <= 0 or engine_count <= 0:
+        if n < 0 or engine_count <= 0:
             return
-        self.per_word = max(0.05, (engine_count - self.overhead) / n)
-        self._calibrated = True
+        self._usage[n] = engine_count
+        self._learn_from(self._usage)
 
     def _words_for(self, target: int) -> int:
         return round((target - self.overhead) / self.per_word)
 
     def _learn_from(self, tried: dict[int, int]) -> None:
-        """Tokens per word and the fixed part, from the counts of this text's lengths."""
+        """Tokens per word and the fixed part (prefix, BOS, a chat template), from counts
+        of texts of several lengths: the line through the shortest and the longest."""
         points = sorted(tried.items())
         if len(points) >= 2:
             (n0, c0), (n1, c1) = points[0], points[-1]
