@@ -176,8 +176,38 @@ async def test_a_restart_seen_only_in_its_counters_is_reprofiled_to_its_new_cont
                 assert report["profiling"]["reprofiles"] == 1
     reprofiled = [line for line in _profile_lines(log, "s0") if "re-profiled" in line]
     assert len(reprofiled) == 1, reprofiled
-    assert "restarted (its metrics counters went back)" in reprofiled[0]
+    assert (
+        "restarted (its metrics counters went back; max_model_len 32768 -> 2048)" in (reprofiled[0])
+    )
     assert "fleet: engine s0 is down" not in log.read_text()
+
+
+async def test_a_drifting_engine_is_reprofiled_once_with_its_drift_in_the_log(
+    tmp_path: Path,
+) -> None:
+    """Decode steps three times slower from 6 s after start (after its profile): served
+    requests drive the TPOT drift past 0.3, and the engine is re-profiled (no sooner than
+    30 s after its profile), its profile rescaled by what the probes measured, one line
+    saying so."""
+    log = tmp_path / "router.log"
+    with sim_process("--time-scale", "1", "--drift-after-s", "6", "--drift-factor", "3") as sim:
+        with router_process(predictive([("s0", sim)]), stderr_path=log) as router:
+            deadline = time.monotonic() + 45
+            i = 0
+            while (await engines(router))["s0"]["profiling"]["reprofiles"] == 0:
+                assert time.monotonic() < deadline, (await engines(router))["s0"]
+                reply = await send(router.url, chat(f"#sim:len=12 drift {i}"))
+                assert reply.status == 200, reply.raw
+                i += 1
+            engine = (await engines(router))["s0"]
+    profile = engine["profile"]
+    assert profile["kind"] == "reprofile"
+    assert profile["rescaled"]["tpot"] == pytest.approx(3.0, rel=0.35)
+    assert engine["profiling"]["runs"] == 2
+    reprofiled = [line for line in _profile_lines(log, "s0") if "re-profiled" in line]
+    assert len(reprofiled) == 1, reprofiled
+    assert "(drift +" in reprofiled[0] and " past 0.30: prefill " in reprofiled[0]
+    assert "TPOT +" in reprofiled[0]
 
 
 async def test_probes_that_cannot_succeed_keep_the_engine_out_with_one_line_and_backoff(

@@ -212,20 +212,24 @@ class Profiler:
         if now < self._retry_at.get(name, 0.0):
             return None  # a re-profile failed: it serves on its profile until the retry
         restarts = health.restarts if health is not None else 0
-        if restarts != self._restarts.get(name, restarts):
-            return _Why("the engine restarted (its metrics counters went back)")
         context = health.max_model_len if health is not None else None
-        if context is not None and context != profile.max_model_len:
-            return _Why(f"its max_model_len changed from {profile.max_model_len} to {context}")
+        changed = context is not None and context != profile.max_model_len
+        limit = f"max_model_len {profile.max_model_len} -> {context}" if changed else None
+        if restarts != self._restarts.get(name, restarts):
+            return _Why(
+                "the engine restarted (its metrics counters went back"
+                + (f"; {limit})" if limit else ")")
+            )
+        if limit:
+            return _Why(f"its {limit}")
         if model.drifted:
             model.profiling.reprofile_wanted = True
             last = model.profiling.last_reprofile_at or profile.measured_monotonic
             if now - last < REPROFILE_EVERY_S:
                 return None
             return _Why(
-                f"drift {model.drift:+.2f} (prefill {model.prefill_drift.score:+.2f}, "
-                f"TPOT {model.tpot_drift.score:+.2f}; re-profiled past "
-                f"{DRIFT_THRESHOLD:.2f})",
+                f"drift {model.drift:+.2f} past {DRIFT_THRESHOLD:.2f}: prefill "
+                f"{model.prefill_drift.score:+.2f}, TPOT {model.tpot_drift.score:+.2f}",
                 rescale=True,
             )
         return None
