@@ -69,6 +69,14 @@ async def test_an_engine_with_a_short_context_is_profiled_within_it(
             assert max(sizes) + 16 <= context and max(sizes) >= 0.9 * (context - 24)
             assert min(sizes) < max(sizes) / 4
             assert profile["concurrent"]["prompt_tokens"] + 2 <= context
+            # What the probes cost, as the engine itself counted it (nothing else ran).
+            served = await metrics_of(sim.url)
+            engine_tokens = sum(
+                value
+                for key, value in served.items()
+                if key.startswith(("vllm:prompt_tokens_total", "vllm:generation_tokens_total"))
+            )
+            assert engine["profiling"]["probe_tokens"] == engine_tokens > 0
             reply = await send(router.url, chat("Hello"))
             assert reply.status == 200, reply.raw
             values = await metrics_of(router.url)
