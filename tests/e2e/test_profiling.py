@@ -12,6 +12,7 @@ import asyncio
 import subprocess
 import sys
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -160,12 +161,11 @@ async def test_an_engine_restarted_with_another_context_is_reprofiled_to_fit_it(
     assert "(the engine came back up)" in profiled[1]
 
 
-async def test_a_restart_seen_only_in_its_counters_is_reprofiled_to_its_new_context(
-    tmp_path: Path,
-) -> None:
-    """An engine restarted between two health checks never looks down; its metrics'
-    counters going back say it is a new process: its /v1/models is read again and it is
-    re-profiled within its new max_model_len, logged once with that reason."""
+async def _restart_unseen(
+    tmp_path: Path, context: str, then: Callable[[NarwhalProcess], Awaitable[None]]
+) -> str:
+    """Profile a sim, restart it on its port with `--max-model-len context` between two
+    health checks (5 s apart), run `then` against the router; the router's log."""
     log = tmp_path / "router.log"
     with sim_process("--time-scale", "1") as sim:
         port = sim.url.rsplit(":", 1)[1]
@@ -176,18 +176,49 @@ async def test_a_restart_seen_only_in_its_counters_is_reprofiled_to_its_new_cont
             # Just after a round: the next is 4.5 s or more away.
             await _report_where(router, lambda e: e["monitoring"]["scrape_age_s"] < 0.5)
             sim.terminate()
-            with sim_process("--time-scale", "1", "--port", port, "--max-model-len", "2048"):
-                profile = await _profile_where(router, lambda p: p["max_model_len"] == 2048)
-                assert max(profile["probe_prompt_tokens"]) + 16 <= 2048
+            with sim_process("--time-scale", "1", "--port", port, "--max-model-len", context):
+                await then(router)
                 report = (await engines(router))["s0"]
-                assert report["monitoring"]["consecutive_failures"] == 0
-                assert report["profiling"]["reprofiles"] == 1
-    reprofiled = [line for line in _profile_lines(log, "s0") if "re-profiled" in line]
-    assert len(reprofiled) == 1, reprofiled
-    assert (
-        "restarted (its metrics counters went back; max_model_len 32768 -> 2048)" in (reprofiled[0])
-    )
-    assert "fleet: engine s0 is down" not in log.read_text()
+                assert report["monitoring"]["consecutive_failures"] == 0  # never seen down
+    text = log.read_text()
+    assert "fleet: engine s0 is down" not in text
+    return text
+
+
+async def test_a_restart_seen_only_in_its_counters_is_reprofiled_to_its_new_context(
+    tmp_path: Path,
+) -> None:
+    """An engine restarted between two health checks never looks down; its metrics'
+    counters going back say it is a new process: its /v1/models is read again and it is
+    re-profiled within its new max_model_len, logged once with that reason."""
+
+    async def reprofiled(router: NarwhalProcess) -> None:
+        profile = await _profile_where(router, lambda p: p["max_model_len"] == 2048)
+        assert max(profile["probe_prompt_tokens"]) + 16 <= 2048
+        assert (await engines(router))["s0"]["profiling"]["reprofiles"] == 1
+
+    text = await _restart_unseen(tmp_path, "2048", reprofiled)
+    lines = [line for line in text.splitlines() if "profiler: engine s0 re-profiled" in line]
+    assert len(lines) == 1, lines
+    assert "restarted (its metrics counters went back; max_model_len 32768 -> 2048)" in lines[0]
+
+
+async def test_a_restarted_engine_its_probes_cannot_measure_leaves_placement(
+    tmp_path: Path,
+) -> None:
+    """Its old profile is another process's: a new one whose context leaves no room for a
+    probe is out of placement (not served on the old profile), with the reason."""
+
+    async def out(router: NarwhalProcess) -> None:
+        engine = await _report_where(router, lambda e: e["profiling"]["state"] == "failed")
+        assert engine["eligible"] is False and engine["profile"] is None
+        assert "max_model_len 24" in engine["profiling"]["reason"]
+        reply = await send(router.url, chat("Hi"))
+        assert reply.status == 503 and reply.json()["error"]["code"] == "backend_unavailable"
+
+    text = await _restart_unseen(tmp_path, "24", out)
+    lines = [line for line in text.splitlines() if "profiler: engine s0 stays out" in line]
+    assert len(lines) == 1, lines
 
 
 async def test_a_drifting_engine_is_reprofiled_once_with_its_drift_in_the_log(

@@ -132,7 +132,9 @@ class Profiler:
         self._failures: dict[str, int] = {}
         self._logged_failure: dict[str, str] = {}  # the reason last logged, per engine
         self._was_up: dict[str, bool] = {}
-        self._came_back: set[str] = set()
+        # Why an engine that lost its profile is profiled again (it came back, or the
+        # re-profile of its new process failed); absent: a first profile.
+        self._again: dict[str, str] = {}
         self._restarts: dict[str, int] = {}  # the engine's restarts as last profiled
         self._loop_task: asyncio.Task[None] | None = None
         self._sequence = itertools.count(1)
@@ -168,7 +170,7 @@ class Profiler:
             self._restarts,
         ):
             state.pop(name, None)
-        self._came_back.discard(name)
+        self._again.pop(name, None)
 
     async def _watch(self) -> None:
         while True:
@@ -189,7 +191,7 @@ class Profiler:
             if not up:
                 if self._was_up.get(name) and model.profiled:
                     self._forget(model, "the engine went down; profiled again when up")
-                    self._came_back.add(name)
+                    self._again[name] = "the engine came back up"
                 self._was_up[name] = False
                 continue
             self._was_up[name] = True
@@ -206,9 +208,7 @@ class Profiler:
         if profile is None:
             if now < self._retry_at.get(name, 0.0):
                 return None
-            if name in self._came_back:
-                return _Why("the engine came back up")
-            return _Why("first profile")
+            return _Why(self._again.get(name, "first profile"))
         if now < self._retry_at.get(name, 0.0):
             return None  # a re-profile failed: it serves on its profile until the retry
         restarts = health.restarts if health is not None else 0
@@ -268,11 +268,11 @@ class Profiler:
             profile = dataclasses.replace(profile, max_model_len=context)
             profile = profile.with_concurrency(_concurrency(profile, concurrent))
         except (NarwhalError, ProfileError, TimeoutError) as error:
-            self._failed(entry, model, _reason(error))
+            self._failed(entry, model, why, _reason(error))
             return
         except Exception as error:  # a bug: the engine stays out of placement, loudly
             log.exception("profiler: profiling engine %s failed", name)
-            self._failed(entry, model, f"internal error: {error!r}")
+            self._failed(entry, model, why, f"internal error: {error!r}")
             return
         finally:
             # Only its own: a run cancelled by `forget` may end after the next one began.
@@ -285,7 +285,7 @@ class Profiler:
         self._failures.pop(name, None)
         self._retry_at.pop(name, None)
         self._logged_failure.pop(name, None)
-        self._came_back.discard(name)
+        self._again.pop(name, None)
         self._restarts[name] = restarts
         a, b, *_ = profile.prefill
         log.info(
@@ -309,7 +309,7 @@ class Profiler:
             self._registry.invalidate()
             self._changed()
 
-    def _failed(self, entry: EngineEntry, model: EngineModel, reason: str) -> None:
+    def _failed(self, entry: EngineEntry, model: EngineModel, why: _Why, reason: str) -> None:
         name = entry.name
         failures = self._failures.get(name, 0) + 1
         self._failures[name] = failures
@@ -319,8 +319,14 @@ class Profiler:
         # One line per reason, not one per retry: the retries are in /admin/engines.
         first = self._logged_failure.get(name) != reason
         self._logged_failure[name] = reason
+        if model.profiled and not why.rescale:
+            # A new process (a restart, another max_model_len) the probes cannot measure:
+            # the old process's profile says nothing of it. Out of placement until it can.
+            self._forget(model, reason)
+            self._again[name] = why.reason
         if model.profiled:
-            # Keep serving on the old profile; try again no sooner than the usual pace.
+            # Drift: keep serving on the old profile; try again no sooner than the usual
+            # pace.
             model.profiling.last_reprofile_at = time.monotonic()
             if first:
                 log.warning(
