@@ -205,12 +205,10 @@ class Profiler:
         """Why the engine needs probes now, or None (most ticks, and every idle one)."""
         health = entry.health
         profile = model.profile
-        if profile is None:
-            if now < self._retry_at.get(name, 0.0):
-                return None
-            return _Why(self._again.get(name, "first profile"))
         if now < self._retry_at.get(name, 0.0):
-            return None  # a re-profile failed: it serves on its profile until the retry
+            return None  # a run failed: the next waits for its backoff
+        if profile is None:
+            return _Why(self._again.get(name, "first profile"))
         restarts = health.restarts if health is not None else 0
         context = health.max_model_len if health is not None else None
         changed = context is not None and context != profile.max_model_len
@@ -227,9 +225,12 @@ class Profiler:
             last = model.profiling.last_reprofile_at or profile.measured_monotonic
             if now - last < REPROFILE_EVERY_S:
                 return None
+            prefill, tpot = model.prefill_drift.score, model.tpot_drift.score
+            # Either way past the threshold: slower (> 0), or faster (< 0: recovered).
+            worst = max(prefill, tpot, key=abs)
             return _Why(
-                f"drift {model.drift:+.2f} past {DRIFT_THRESHOLD:.2f}: prefill "
-                f"{model.prefill_drift.score:+.2f}, TPOT {model.tpot_drift.score:+.2f}",
+                f"drift {worst:+.2f} past {DRIFT_THRESHOLD:.2f}: prefill {prefill:+.2f}, "
+                f"TPOT {tpot:+.2f}",
                 rescale=True,
             )
         return None
@@ -361,7 +362,6 @@ class Profiler:
         )
         how = "counted by the engine's tokenizer" if texts.counted else "estimated"
         samples: list[ProbeSample] = []
-        served = 0
         for target in sizes:
             text, _ = await texts.build(target)
             probed = await self._probe(entry, model, client, route, text, PROBE_OUTPUT)
@@ -369,7 +369,7 @@ class Profiler:
             if not texts.counted:
                 texts.learn(text, probed.sample.prompt_tokens)
             samples.append(probed.sample)
-            served += probed.tokens
+            model.profiling.probe_tokens += probed.tokens
         (size,) = fit_probe_sizes((CONCURRENT_PROMPT,), context, CONCURRENT_OUTPUT)
         prompts = [(await texts.build(size))[0] for _ in range(CONCURRENT_PROBES)]
         sent = time.monotonic()
@@ -379,13 +379,12 @@ class Profiler:
                 for p in prompts
             )
         )
-        served += sum(p.tokens for p in together)
+        model.profiling.probe_tokens += sum(p.tokens for p in together)
         counted = [p.sample.prompt_tokens for p in together]
         concurrent = ConcurrentSample(
             prompt_tokens=round(sum(counted) / len(counted)),
             first_token_s=tuple(p.sample.ttft_s for p in together),
         )
-        model.profiling.probe_tokens += served
         return samples, concurrent, source, f"{how}, {texts.round_trips} tokenize calls"
 
     async def _probe(
