@@ -360,7 +360,6 @@ class Profiler:
         texts = ProbeText(
             self._counter.for_engine(client, completion=route == "completion"), self._rng
         )
-        how = "counted by the engine's tokenizer" if texts.counted else "estimated"
         samples: list[ProbeSample] = []
         for target in sizes:
             text, _ = await texts.build(target)
@@ -385,7 +384,9 @@ class Profiler:
             prompt_tokens=round(sum(counted) / len(counted)),
             first_token_s=tuple(p.sample.ttft_s for p in together),
         )
-        return samples, concurrent, source, f"{how}, {texts.round_trips} tokenize calls"
+        # (A counter that stopped answering midway left the rest estimated.)
+        how = "counted" if texts.counted else "estimated, checked against its usage"
+        return samples, concurrent, source, f"texts {how}, {texts.round_trips} counts"
 
     async def _probe(
         self,
