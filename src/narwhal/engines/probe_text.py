@@ -57,8 +57,8 @@ class ProbeText:
     """The texts of one profiling run on one engine, and what it learned of its tokens."""
 
     def __init__(self, count: Count | None, rng: random.Random) -> None:
-        """`count`: the text's token count by the engine's tokenizer (None: cannot tell,
-        and from then on this run estimates); None: estimate every text."""
+        """`count` gives a text's token count by the engine's tokenizer, or None when it
+        cannot tell (the run estimates from then on); no `count`: every text estimated."""
         self._count = count
         self._rng = rng
         self.per_word = 1.0
@@ -108,8 +108,9 @@ class ProbeText:
         return _text(words, best[0]), best[1]
 
     def estimate(self, words: list[str], target: int) -> tuple[str, int]:
-        """Sized by the tokens per word learned so far (`learn`), aiming below the target
-        until the engine has counted a probe."""
+        """Sized by the tokens per word learned so far (`learn`), aiming below the target:
+        at 80% of it before anything was counted, at 95% after (no count: the engine's
+        limit must hold all the same)."""
         share = _CALIBRATED_SHARE if self._calibrated else _UNCOUNTED_SHARE
         aim = max(1, int(share * target))
         n = max(0, min(len(words), self._words_for(aim)))
