@@ -21,6 +21,7 @@ def test_defaults_for_every_optional_key() -> None:
     assert config.admission.mode == "predictive"
     assert config.admission.phase_concurrency.prefill == 64
     assert config.fleet.max_attempts == 2
+    assert config.fleet.probe_prompt_tokens is None  # the default sizes, fitted
     assert config.ha.backend == "none"
     assert config.tokenizer is None
     assert (config.serving.shutdown_delay_s, config.serving.drain_timeout_s) == (5.0, 30.0)
@@ -109,6 +110,14 @@ def test_engines_and_fractional_durations() -> None:
         (
             MINIMAL + "serving: {drain_timeout_s: 0}\n",
             "serving.drain_timeout_s: expected number > 0",
+        ),
+        (
+            MINIMAL + "fleet: {probe_prompt_tokens: [512, 512]}\n",
+            "fleet.probe_prompt_tokens: must hold at least two different lengths",
+        ),
+        (
+            MINIMAL + "fleet: {probe_prompt_tokens: [0, 512]}\n",
+            "fleet.probe_prompt_tokens.0: expected int >= 1",
         ),
         ("- a\n- b\n", "must be a mapping"),
         ("model: [\n", "invalid YAML"),

@@ -163,6 +163,12 @@ class FleetConfig(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True)
     # place of the engine's api_key): for engines that check per-user keys themselves.
     # Probes always carry the engine's api_key. Per engine: engines[].forward_client_...
     forward_client_authorization: bool = False
+    # Profiling probes' prompt lengths, in the engine's own tokens (at least two; more
+    # than one length, so that a prefill slope can be fitted). Null: 64, 512, 2048, 64.
+    # Either way scaled down together to fit each engine's max_model_len.
+    probe_prompt_tokens: (
+        Annotated[tuple[Annotated[int, Meta(ge=1, le=1_048_576)], ...], Meta(min_length=2)] | None
+    ) = None
 
 
 class HAConfig(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
@@ -417,15 +423,25 @@ def _engine_address(engine: EngineConfig) -> str:
 
 
 def _check_fleet(fleet: FleetConfig) -> list[Problem]:
+    problems = []
     if fleet.stale_after_s < fleet.probe_interval_s:
-        return [
+        problems.append(
             Problem(
                 ("fleet", "stale_after_s"),
                 f"must be at least fleet.probe_interval_s ({fleet.probe_interval_s}), "
                 f"got {fleet.stale_after_s}",
             )
-        ]
-    return []
+        )
+    sizes = fleet.probe_prompt_tokens
+    if sizes is not None and len(set(sizes)) < 2:
+        problems.append(
+            Problem(
+                ("fleet", "probe_prompt_tokens"),
+                "must hold at least two different lengths (the prefill fit needs short and "
+                f"long prompts), got {list(sizes)}",
+            )
+        )
+    return problems
 
 
 def _check_ha(ha: HAConfig) -> list[Problem]:

@@ -49,6 +49,7 @@ from narwhal.config_changes import compare
 from narwhal.dispatch import Dispatcher
 from narwhal.drain import Drain
 from narwhal.engines.client import EngineClient
+from narwhal.engines.probe_text import ProbeCounter
 from narwhal.engines.profiling import Profiler
 from narwhal.engines.upstream import UpstreamPool
 from narwhal.errors import RouterUnavailable
@@ -174,8 +175,9 @@ class Router:
             for e in config.engines
         }
         # Engines' tokenize endpoints size prompts only where the count decides something.
+        self._local_sizer = load_sizer(config.tokenizer)
         self.sizer = WorkloadSizer(
-            load_sizer(config.tokenizer), use_engine=predictive and config.tokenizer is None
+            self._local_sizer, use_engine=predictive and config.tokenizer is None
         )
         self.metrics.registry.register(SizingCollector(self.sizer))
         self.dispatcher = Dispatcher(
@@ -255,6 +257,10 @@ class Router:
                 self.clients,
                 model=self.config.model,
                 changed=self.dispatcher.capacity_changed,
+                counter=ProbeCounter(
+                    session, self._local_sizer.text_counter, model=self.config.model
+                ),
+                probe_sizes=lambda: self.config.fleet.probe_prompt_tokens,
             )
             await self.profiler.start(PROFILE_WAIT_S)
         self.membership = FleetMembership(

@@ -145,3 +145,37 @@ def test_unsupported_metrics_that_appear_later_become_supported() -> None:
     state.record_scrape(MetricsFailure.ABSENT, 0.0)
     state.record_scrape(SCRAPE, 1.0)
     assert state.metrics_state() == "ok"
+
+
+def test_counters_that_go_back_are_a_restart_to_recheck() -> None:
+    """Prefix-cache counters count from the engine's start: lower than before, the engine
+    is a new process (which may serve with another max_model_len)."""
+    state = fresh()
+    state.record_health(OK, 0.0)
+
+    def scrape(queries: float | None, hits: float | None) -> EngineScrape:
+        return EngineScrape(2.0, 1.0, 0.5, prefix_cache_queries=queries, prefix_cache_hits=hits)
+
+    for t, (queries, hits) in enumerate([(100, 10), (100, 10), (250, 90), (None, None)]):
+        state.record_scrape(scrape(queries, hits), float(t))
+    assert (state.restarts, state.recheck) == (0, False)  # unchanged, grown or unreadable
+    state.record_scrape(scrape(300, 90), 4.0)
+    state.record_scrape(scrape(12, 0), 5.0)  # went back
+    assert (state.restarts, state.recheck) == (1, True)
+    assert state.placeable  # not a failure: the monitor reads its limits again
+    state.recheck = False
+    state.record_scrape(scrape(40, 5), 6.0)
+    assert (state.restarts, state.recheck) == (1, False)
+
+
+def test_counters_after_the_engine_was_down_are_not_a_second_restart() -> None:
+    """Down and up again is a new process already (the profiler measures it again): its
+    counters starting over are not counted once more."""
+    state = fresh()
+    state.record_health(OK, 0.0)
+    state.record_scrape(EngineScrape(0.0, 0.0, 0.1, prefix_cache_queries=500), 0.0)
+    state.record_health(HealthCheck.UNREACHABLE, 1.0)
+    assert state.status == "down"
+    state.record_health(OK, 2.0)
+    state.record_scrape(EngineScrape(0.0, 0.0, 0.0, prefix_cache_queries=0), 2.0)
+    assert (state.restarts, state.recheck) == (0, False)

@@ -4,7 +4,18 @@ from __future__ import annotations
 
 import pytest
 
-from narwhal.models.profile import ProbeSample, ProfileError, fit_profile, rescale
+from narwhal.models.profile import (
+    PROBE_MARGIN,
+    PROBE_OUTPUT,
+    PROBE_PROMPTS,
+    ConcurrentSample,
+    ProbeSample,
+    ProfileError,
+    fit_concurrency,
+    fit_probe_sizes,
+    fit_profile,
+    rescale,
+)
 
 
 def probes(a: float, b: float, tpot: float) -> list[ProbeSample]:
@@ -48,3 +59,59 @@ def test_rescale_follows_what_the_probes_measured() -> None:
     assert again.kind == "reprofile"
     assert again.tpot[0] == pytest.approx(2 * profile.tpot[0], rel=0.01)
     assert again.prefill[1] == pytest.approx(profile.prefill[1], rel=0.01)
+
+
+def test_probe_sizes_fit_under_the_context_with_their_output() -> None:
+    assert fit_probe_sizes(PROBE_PROMPTS, None) == PROBE_PROMPTS
+    assert fit_probe_sizes(PROBE_PROMPTS, 32768) == PROBE_PROMPTS
+    # vLLM --max-model-len 2048: the 2,048-token probe and its 16 output tokens do not fit.
+    fitted = fit_probe_sizes(PROBE_PROMPTS, 2048)
+    assert max(fitted) + PROBE_OUTPUT + PROBE_MARGIN <= 2048
+    assert max(fitted) >= 2000
+    # Scaled together: the fit still sees short and long prompts.
+    small = fit_probe_sizes(PROBE_PROMPTS, 300)
+    assert max(small) + PROBE_OUTPUT <= 300 and len(set(small)) == 3
+    assert fit_probe_sizes((100, 5000), 1000, 2) == (19, 990)
+
+
+def test_a_context_with_no_room_for_a_probe_is_a_profile_error() -> None:
+    with pytest.raises(ProfileError, match="max_model_len 24"):
+        fit_probe_sizes(PROBE_PROMPTS, 24)
+
+
+def test_first_tokens_together_are_batched_even_when_one_came_a_step_late() -> None:
+    # Four 1,024-token prompts of 51 ms each alone; one arrived as a step had begun.
+    batched = ConcurrentSample(1024, (0.205, 0.053, 0.205, 0.205))
+    result = fit_concurrency(batched, solo_prefill_s=0.053)
+    assert result.discipline == "batched" and result.spread == pytest.approx(0.0)
+    assert result.first_token_s == (0.053, 0.205, 0.205, 0.205)
+    assert result.batched_tokens_per_s == pytest.approx(4 * 1024 / 0.205)
+    assert result.batched_cost_ratio == pytest.approx(0.205 / (4 * 0.053))
+
+
+def test_first_tokens_one_after_another_are_serial() -> None:
+    serial = ConcurrentSample(1024, (0.053, 0.106, 0.159, 0.212))
+    result = fit_concurrency(serial, solo_prefill_s=0.053)
+    assert result.discipline == "serial" and result.spread == pytest.approx(1.0)
+    assert result.batched_cost_ratio == pytest.approx(1.0)
+    with pytest.raises(ProfileError):
+        fit_concurrency(ConcurrentSample(1024, (0.05,)), solo_prefill_s=0.05)
+
+
+def test_the_profile_carries_concurrency_and_shows_it() -> None:
+    profile = fit_profile(probes(0.008, 0.05, 0.006), source="token_ids", wall=0, now=0)
+    assert profile.prefill_discipline == "unknown" and profile.probe_prompt_tokens == (
+        64,
+        512,
+        2048,
+        64,
+    )
+    measured = fit_concurrency(ConcurrentSample(1024, (0.06, 0.16, 0.16, 0.16)), 0.06)
+    with_it = profile.with_concurrency(measured)
+    assert with_it.prefill == profile.prefill and with_it.prefill_discipline == "batched"
+    view = with_it.view(now=0)["concurrent"]
+    assert view["prefill_discipline"] == "batched" and view["prompt_tokens"] == 1024
+    assert view["first_token_s"] == [0.06, 0.16, 0.16, 0.16]
+    # A re-profile keeps what the run before measured unless measured again.
+    again = rescale(with_it, probes(0.008, 0.05, 0.006), wall=1, now=1)
+    assert again.kind == "reprofile" and again.prefill_discipline == "batched"

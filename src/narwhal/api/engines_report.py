@@ -85,6 +85,9 @@ def _profiling(entry: EngineEntry, now: float) -> dict[str, Any] | None:
         "reprofiles": state.reprofiles,
         "last_reprofile_age_s": _age(state.last_reprofile_at, now),
         "reprofile_wanted": state.reprofile_wanted,
+        "last_reason": state.last_reason,
+        "runs": state.probe_runs,
+        "probe_tokens": state.probe_tokens,
     }
 
 

@@ -1,22 +1,30 @@
 """Profiling runs: probe requests to engines, timed from validated token IDs (I/O side).
 
 In predictive mode an engine takes work only once profiled. For each engine the
-`Profiler` sends `PROBE_PROMPTS` requests of `PROBE_OUTPUT` tokens one after another
-(so each measures the engine alone), through the same client, stream and `OutputTracker`
-as client requests: an event that omits its ID list, holds a Boolean or a malformed list
-fails the probe (the seed), and the engine stays unprofiled with that reason shown in
-/admin/engines. The fit is `narwhal.models.profile`'s (sans-IO).
+`Profiler` sends probe requests of `fleet.probe_prompt_tokens` tokens (default
+`PROBE_PROMPTS`) and `PROBE_OUTPUT` output tokens one after another (so each measures the
+engine alone), then `CONCURRENT_PROBES` equal ones at once (how the engine serves
+prompts that arrive together: `fit_concurrency`). Every probe goes through the same
+client, stream and `OutputTracker` as client requests: an event that omits its ID list,
+holds a Boolean or a malformed list fails the probe (the seed), and the engine stays
+unprofiled with that reason shown in /admin/engines. The fit is `narwhal.models.profile`'s
+(sans-IO).
 
+- Probe lengths are the engine's tokens (`probe_text`: its /tokenize, else the configured
+  tokenizer, else an estimate checked against its usage), fitted under its
+  `max_model_len` (from /v1/models, the monitor's) less the probe's output.
 - Probes carry `X-Request-Id: narwhal-profile-<engine>-<n>`, are never counted as client
   traffic (they do not pass the front), and open with words in a random order so that no
   two share a prefix an engine could have cached.
-- Rate limits: one run at a time per engine; a failed run is retried after 1, 2, 4 ...
-  seconds (at most `RETRY_MAX_S`); a drifting engine, or one no served request has
-  taught anything for `IDLE_REPROFILE_S` (placement may have stopped sending it work
-  when it ran slow: it must be found again when it recovers), is re-profiled at most
-  once per `REPROFILE_EVERY_S`.
-- An engine that goes down loses its profile (it may come back another model, another
-  GPU) and is profiled again when it comes back.
+- When: an engine that is up and unprofiled (at start, when it joins, when it comes back
+  after going down: it may be another model, another GPU); a profiled engine when it is
+  a new process (its max_model_len changed, or its counters went back: `EngineHealth.
+  restarts`), and when its drift says it no longer matches its profile (at most once per
+  `REPROFILE_EVERY_S`). Never on a timer: an idle engine gets no probes. Each run is
+  logged once, with that reason.
+- A failed run is retried after 1, 2, 4 ... seconds (at most `RETRY_MAX_S`); the engine
+  stays out of placement with the reason in /admin/engines, logged once per reason (not
+  once per retry).
 - Vendors' prompts: the completion route for vLLM and SGLang (the route both give IDs
   on), the chat route for generic servers; `ignore_eos` (vLLM, SGLang) fixes the length.
 
@@ -26,27 +34,39 @@ Nothing here raises into the loop: every failure is the engine's profiling state
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import itertools
 import logging
 import random
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final
 
 import msgspec
 
 from narwhal.engines.client import EngineClient
+from narwhal.engines.probe_text import ProbeCounter, ProbeText
 from narwhal.engines.stream import EngineStream
 from narwhal.errors import NarwhalError
-from narwhal.models.engine import EngineModel
+from narwhal.models.engine import DRIFT_THRESHOLD, EngineModel
 from narwhal.models.profile import (
+    CONCURRENT_OUTPUT,
+    CONCURRENT_PROBES,
+    CONCURRENT_PROMPT,
     MIN_TPOT_S,
     PROBE_OUTPUT,
     PROBE_PROMPTS,
+    Concurrency,
+    ConcurrentSample,
     ProbeSample,
+    Profile,
     ProfileError,
     Source,
+    dot,
+    fit_concurrency,
+    fit_probe_sizes,
     fit_profile,
+    prefill_features,
     rescale,
 )
 from narwhal.protocol.assembly import Assembler
@@ -62,14 +82,24 @@ log = logging.getLogger(__name__)
 PROBE_TIMEOUT_S: Final = 10.0
 RETRY_MAX_S: Final = 30.0
 REPROFILE_EVERY_S: Final = 30.0
-IDLE_REPROFILE_S: Final = 30.0  # an engine no request has taught anything for this long
 _TICK_S: Final = 0.25
-# One token each in the simulator's tokenizer and in common BPE vocabularies.
-_WORDS: Final = (
-    " time", " year", " way", " day", " man", " thing", " world", " life", " hand",
-    " part", " child", " eye", " woman", " place", " work", " week", " case", " point",
-    " group", " fact",
-)  # fmt: skip
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Why:
+    """Why a run starts: its words for the log, and whether the old profile's shape still
+    holds (a drift: rescale it) or the engine is new (fit afresh)."""
+
+    reason: str
+    rescale: bool = False
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Probed:
+    """One probe's measurement and what it cost the engine."""
+
+    sample: ProbeSample
+    tokens: int  # prompt and output tokens the engine served for it
 
 
 class Profiler:
@@ -82,19 +112,30 @@ class Profiler:
         changed: Callable[[], None],
         probe_timeout_s: float = PROBE_TIMEOUT_S,
         rng: random.Random | None = None,
+        counter: ProbeCounter | None = None,
+        probe_sizes: Callable[[], Sequence[int] | None] = lambda: None,
     ) -> None:
         """`changed` is called when an engine's profile appears or goes (placement must
-        look again)."""
+        look again); `counter` counts probe texts in each engine's tokens (None: every
+        text is estimated and checked against the engine's usage); `probe_sizes` gives
+        `fleet.probe_prompt_tokens` (read at each run, so a reload applies to the next)."""
         self._registry = registry
         self._clients = clients
         self._model = model
         self._changed = changed
         self._probe_timeout = probe_timeout_s
         self._rng = rng or random.Random()
+        self._counter = counter or ProbeCounter(None, None, model=model)
+        self._probe_sizes = probe_sizes
         self._runs: dict[str, asyncio.Task[None]] = {}
         self._retry_at: dict[str, float] = {}
         self._failures: dict[str, int] = {}
+        self._logged_failure: dict[str, str] = {}  # the reason last logged, per engine
         self._was_up: dict[str, bool] = {}
+        # Why an engine that lost its profile is profiled again (it came back, or the
+        # re-profile of its new process failed); absent: a first profile.
+        self._again: dict[str, str] = {}
+        self._restarts: dict[str, int] = {}  # the engine's restarts as last profiled
         self._loop_task: asyncio.Task[None] | None = None
         self._sequence = itertools.count(1)
 
@@ -121,8 +162,15 @@ class Profiler:
         run = self._runs.pop(name, None)
         if run is not None:
             run.cancel()
-        for state in (self._retry_at, self._failures, self._was_up):
+        for state in (
+            self._retry_at,
+            self._failures,
+            self._was_up,
+            self._logged_failure,
+            self._restarts,
+        ):
             state.pop(name, None)
+        self._again.pop(name, None)
 
     async def _watch(self) -> None:
         while True:
@@ -143,19 +191,49 @@ class Profiler:
             if not up:
                 if self._was_up.get(name) and model.profiled:
                     self._forget(model, "the engine went down; profiled again when up")
+                    self._again[name] = "the engine came back up"
                 self._was_up[name] = False
                 continue
             self._was_up[name] = True
-            if not model.profiled:
-                if now >= self._retry_at.get(name, 0.0):
-                    self._run(entry, model, reprofile=False)
-            elif model.drifted or model.idle_for(now) >= IDLE_REPROFILE_S:
-                # Drifting, or unheard of for long (given no work after it was found slow,
-                # it would never be found recovered): measure it again.
-                model.profiling.reprofile_wanted = True
-                last = model.profiling.last_reprofile_at or model.profile.measured_monotonic  # type: ignore[union-attr]
-                if now - last >= REPROFILE_EVERY_S:
-                    self._run(entry, model, reprofile=True)
+            if health is not None and health.recheck:
+                continue  # a new process: the monitor reads its /v1/models first
+            why = self._why(name, entry, model, now)
+            if why is not None:
+                self._run(entry, model, why)
+
+    def _why(self, name: str, entry: EngineEntry, model: EngineModel, now: float) -> _Why | None:
+        """Why the engine needs probes now, or None (most ticks, and every idle one)."""
+        health = entry.health
+        profile = model.profile
+        if now < self._retry_at.get(name, 0.0):
+            return None  # a run failed: the next waits for its backoff
+        if profile is None:
+            return _Why(self._again.get(name, "first profile"))
+        restarts = health.restarts if health is not None else 0
+        context = health.max_model_len if health is not None else None
+        changed = context is not None and context != profile.max_model_len
+        limit = f"max_model_len {profile.max_model_len} -> {context}" if changed else None
+        if restarts != self._restarts.get(name, restarts):
+            return _Why(
+                "the engine restarted (its metrics counters went back"
+                + (f"; {limit})" if limit else ")")
+            )
+        if limit:
+            return _Why(f"its {limit}")
+        if model.drifted:
+            model.profiling.reprofile_wanted = True
+            last = model.profiling.last_reprofile_at or profile.measured_monotonic
+            if now - last < REPROFILE_EVERY_S:
+                return None
+            prefill, tpot = model.prefill_drift.score, model.tpot_drift.score
+            # Either way past the threshold: slower (> 0), or faster (< 0: recovered).
+            worst = max(prefill, tpot, key=abs)
+            return _Why(
+                f"drift {worst:+.2f} past {DRIFT_THRESHOLD:.2f}: prefill {prefill:+.2f}, "
+                f"TPOT {tpot:+.2f}",
+                rescale=True,
+            )
+        return None
 
     def _forget(self, model: EngineModel, reason: str) -> None:
         model.profile = None
@@ -164,30 +242,38 @@ class Profiler:
         self._registry.invalidate()
         self._changed()
 
-    def _run(self, entry: EngineEntry, model: EngineModel, *, reprofile: bool) -> None:
-        if not reprofile:
+    def _run(self, entry: EngineEntry, model: EngineModel, why: _Why) -> None:
+        if model.profile is None:
             model.profiling.state = "profiling"
         self._runs[entry.name] = asyncio.create_task(
-            self._profile(entry, model, reprofile), name=f"narwhal-profile-{entry.name}"
+            self._profile(entry, model, why), name=f"narwhal-profile-{entry.name}"
         )
 
-    async def _profile(self, entry: EngineEntry, model: EngineModel, reprofile: bool) -> None:
+    async def _profile(self, entry: EngineEntry, model: EngineModel, why: _Why) -> None:
         name = entry.name
         state = model.profiling
         state.attempts += 1
+        health = entry.health
+        restarts = health.restarts if health is not None else 0
+        context = health.max_model_len if health is not None else None
         try:
-            samples, source = await self._probe_all(entry, model)
+            samples, concurrent, source, text = await self._probe_all(entry, model, context)
             now, wall = time.monotonic(), time.time()
-            if reprofile and model.profile is not None:
-                profile = rescale(model.profile, samples, wall=wall, now=now)
+            old = model.profile
+            if why.rescale and old is not None:
+                profile = rescale(old, samples, wall=wall, now=now)
             else:
                 profile = fit_profile(samples, source=source, wall=wall, now=now)
+                if old is not None:  # a new process of a profiled engine: a re-profile
+                    profile = dataclasses.replace(profile, kind="reprofile")
+            profile = dataclasses.replace(profile, max_model_len=context)
+            profile = profile.with_concurrency(_concurrency(profile, concurrent))
         except (NarwhalError, ProfileError, TimeoutError) as error:
-            self._failed(entry, model, reprofile, _reason(error))
+            self._failed(entry, model, why, _reason(error))
             return
         except Exception as error:  # a bug: the engine stays out of placement, loudly
             log.exception("profiler: profiling engine %s failed", name)
-            self._failed(entry, model, reprofile, f"internal error: {error!r}")
+            self._failed(entry, model, why, f"internal error: {error!r}")
             return
         finally:
             # Only its own: a run cancelled by `forget` may end after the next one began.
@@ -195,55 +281,112 @@ class Profiler:
                 del self._runs[name]
         was_profiled = model.profiled
         model.install(profile)
+        state.probe_runs += 1
+        state.last_reason = why.reason
         self._failures.pop(name, None)
+        self._retry_at.pop(name, None)
+        self._logged_failure.pop(name, None)
+        self._again.pop(name, None)
+        self._restarts[name] = restarts
         a, b, *_ = profile.prefill
         log.info(
-            "profiler: engine %s %s: prefill %.1f ms + %.1f ms per 1k tokens, TPOT %.2f ms "
-            "(%d probes, %s)",
+            "profiler: engine %s %s (%s): prefill %.1f ms + %.1f ms per 1k tokens, TPOT "
+            "%.2f ms, prompts arriving together: %s (spread %s); %d probes of %s tokens "
+            "(%s), %s",
             name,
-            "re-profiled after drift" if reprofile else "profiled",
+            "re-profiled" if profile.kind == "reprofile" else "profiled",
+            why.reason,
             1e3 * a,
             1e3 * b,
             1e3 * profile.tpot[0],
+            profile.prefill_discipline,
+            _fmt(profile.concurrent_first_token_spread),
             profile.samples,
+            "/".join(map(str, profile.probe_prompt_tokens)),
+            text,
             profile.source,
         )
         if not was_profiled:
             self._registry.invalidate()
             self._changed()
 
-    def _failed(self, entry: EngineEntry, model: EngineModel, reprofile: bool, reason: str) -> None:
+    def _failed(self, entry: EngineEntry, model: EngineModel, why: _Why, reason: str) -> None:
         name = entry.name
         failures = self._failures.get(name, 0) + 1
         self._failures[name] = failures
         delay = min(RETRY_MAX_S, 2.0 ** (failures - 1))
         self._retry_at[name] = time.monotonic() + delay
         model.profiling.reason = reason
-        if reprofile and model.profiled:
-            # Keep serving on the old profile; try again no sooner than the usual pace.
+        # One line per reason, not one per retry: the retries are in /admin/engines.
+        first = self._logged_failure.get(name) != reason
+        self._logged_failure[name] = reason
+        if model.profiled and not why.rescale:
+            # A new process (a restart, another max_model_len) the probes cannot measure:
+            # the old process's profile says nothing of it. Out of placement until it can.
+            self._forget(model, reason)
+            self._again[name] = why.reason
+        if model.profiled:
+            # Drift: keep serving on the old profile; try again no sooner than the usual
+            # pace.
             model.profiling.last_reprofile_at = time.monotonic()
-            log.warning("profiler: re-profiling engine %s failed: %s", name, reason)
+            if first:
+                log.warning(
+                    "profiler: re-profiling engine %s failed, it serves on its profile: %s "
+                    "(retried with backoff)",
+                    name,
+                    reason,
+                )
             return
         model.profiling.state = "failed"
-        log.warning(
-            "profiler: engine %s stays out of placement, unprofiled: %s (next try in %.0f s)",
-            name,
-            reason,
-            delay,
-        )
+        if first:
+            log.warning(
+                "profiler: engine %s stays out of placement, unprofiled: %s (retried "
+                "after 1, 2, 4 ... %.0f s; /admin/engines shows the attempts)",
+                name,
+                reason,
+                RETRY_MAX_S,
+            )
 
     async def _probe_all(
-        self, entry: EngineEntry, model: EngineModel
-    ) -> tuple[list[ProbeSample], Source]:
+        self, entry: EngineEntry, model: EngineModel, context: int | None
+    ) -> tuple[list[ProbeSample], ConcurrentSample | None, Source, str]:
+        """The solo probes, then the concurrent ones; and how their texts were sized."""
         client = self._clients[entry.name]
         route: Route = "completion" if client.capabilities.token_ids_on else "chat"
         source: Source = (
             "token_ids" if route in client.capabilities.token_ids_on else ("usage_and_events")
         )
-        samples = []
-        for prompt_tokens in PROBE_PROMPTS:
-            samples.append(await self._probe(entry, model, client, route, prompt_tokens))
-        return samples, source
+        sizes = fit_probe_sizes(self._probe_sizes() or PROBE_PROMPTS, context)
+        texts = ProbeText(
+            self._counter.for_engine(client, completion=route == "completion"), self._rng
+        )
+        samples: list[ProbeSample] = []
+        for target in sizes:
+            text, _ = await texts.build(target)
+            probed = await self._probe(entry, model, client, route, text, PROBE_OUTPUT)
+            _check_within(probed.sample, context, PROBE_OUTPUT)
+            if not texts.counted:
+                texts.learn(text, probed.sample.prompt_tokens)
+            samples.append(probed.sample)
+            model.profiling.probe_tokens += probed.tokens
+        (size,) = fit_probe_sizes((CONCURRENT_PROMPT,), context, CONCURRENT_OUTPUT)
+        prompts = [(await texts.build(size))[0] for _ in range(CONCURRENT_PROBES)]
+        sent = time.monotonic()
+        together = await asyncio.gather(
+            *(
+                self._probe(entry, model, client, route, p, CONCURRENT_OUTPUT, sent=sent)
+                for p in prompts
+            )
+        )
+        model.profiling.probe_tokens += sum(p.tokens for p in together)
+        counted = [p.sample.prompt_tokens for p in together]
+        concurrent = ConcurrentSample(
+            prompt_tokens=round(sum(counted) / len(counted)),
+            first_token_s=tuple(p.sample.ttft_s for p in together),
+        )
+        # (A counter that stopped answering midway left the rest estimated.)
+        how = "counted" if texts.counted else "estimated, checked against its usage"
+        return samples, concurrent, source, f"texts {how}, {texts.round_trips} counts"
 
     async def _probe(
         self,
@@ -251,9 +394,14 @@ class Profiler:
         model: EngineModel,
         client: EngineClient,
         route: Route,
-        prompt_tokens: int,
-    ) -> ProbeSample:
-        request = self._request(route, prompt_tokens, client)
+        text: str,
+        output: int,
+        *,
+        sent: float | None = None,
+    ) -> _Probed:
+        """One probe; its TTFT from `sent` (the moment probes sent together left) or from
+        its own sending."""
+        request = self._request(route, text, output, client)
         tracker = OutputTracker(
             route,
             token_ids=route in client.capabilities.token_ids_on,
@@ -267,7 +415,7 @@ class Profiler:
         decoding = decoding_on(entry)
         backlog, stretch = model.backlog(now, decoding), model.stretch(decoding, now)
         async with asyncio.timeout(self._probe_timeout):
-            sent = time.monotonic()
+            start = time.monotonic() if sent is None else sent
             response = await client.open_stream(
                 route, upstream_body(request, client.dialect), request_id=request_id
             )
@@ -286,19 +434,21 @@ class Profiler:
         if tpot is None and tokens >= 2:
             # Every token came in one read: faster than can be timed from here.
             tpot = MIN_TPOT_S
-        return ProbeSample(
-            prompt_tokens=counted if type(counted) is int and counted > 0 else prompt_tokens,
-            ttft_s=tracker.first_output_at - sent,
+        prompt_tokens = counted if type(counted) is int and counted > 0 else len(text.split())
+        sample = ProbeSample(
+            prompt_tokens=prompt_tokens,
+            ttft_s=tracker.first_output_at - start,
             tpot_s=tpot,
             backlog_s=backlog,
             decoding=decoding,
             stretch=stretch,
         )
+        return _Probed(sample, prompt_tokens + tokens)
 
-    def _request(self, route: Route, prompt_tokens: int, client: EngineClient) -> CompletionRequest:
-        words = self._rng.choices(_WORDS, k=max(1, prompt_tokens - 8))
-        text = "Narwhal profile" + "".join(words)
-        body: dict[str, Any] = {"model": self._model, "max_tokens": PROBE_OUTPUT, "temperature": 0}
+    def _request(
+        self, route: Route, text: str, output: int, client: EngineClient
+    ) -> CompletionRequest:
+        body: dict[str, Any] = {"model": self._model, "max_tokens": output, "temperature": 0}
         if route == "chat":
             body["messages"] = [{"role": "user", "content": text}]
         else:
@@ -306,6 +456,27 @@ class Profiler:
         if client.capabilities.vllm_fields:  # vLLM and SGLang: a fixed output length
             body["ignore_eos"] = True
         return parse_request(msgspec.json.encode(body), route, model=self._model)
+
+
+def _concurrency(profile: Profile, sample: ConcurrentSample | None) -> Concurrency | None:
+    if sample is None:
+        return None
+    solo = dot(profile.prefill, prefill_features(sample.prompt_tokens, 0.0))
+    return fit_concurrency(sample, solo)
+
+
+def _check_within(sample: ProbeSample, context: int | None, output: int) -> None:
+    """An estimated probe the engine counted over its context would have been refused;
+    one it accepted but counted past the limit says the sizing is wrong: not a profile."""
+    if context is not None and sample.prompt_tokens + output > context:
+        raise ProfileError(
+            f"a probe of {sample.prompt_tokens} prompt tokens (the engine's count) and "
+            f"{output} output tokens exceeds max_model_len {context}"
+        )
+
+
+def _fmt(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.2f}"
 
 
 def _reason(error: BaseException) -> str:

@@ -250,10 +250,21 @@ class FleetMonitor:
         else:
             # Before the health is recorded, so that no one (placement, subscribers)
             # sees the engine placeable while what it serves is still being asked.
-            if self._model is not None and (was_status != "up" or state.serves_model is None):
+            # A restart seen in its counters (`recheck`) is a new process too.
+            new_process = was_status != "up" or state.recheck
+            if self._model is not None and (new_process or state.serves_model is None):
                 await self._check_model(engine)
-            if engine.capabilities.version_gates_token_ids and was_status != "up":
+            if engine.capabilities.version_gates_token_ids and new_process:
                 await self._check_version(engine)  # (a restart may have changed it)
+            if state.recheck:
+                log.info(
+                    "fleet: engine %s restarted (its metrics counters went back): "
+                    "max_model_len %s, version %s",
+                    name,
+                    state.max_model_len,
+                    state.version,
+                )
+                state.recheck = False
         # From here to the announcement nothing awaits: a change is seen and
         # announced in one step of the loop.
         now = time.monotonic()

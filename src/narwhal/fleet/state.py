@@ -92,6 +92,15 @@ class EngineHealth:
     # (a warning, /admin/engines), not acted on: a custom build's version string could
     # be wrong, and a wrong guess must not take a working engine out of placement.
     supplies_token_ids: bool | None = None
+    # Restarts seen without the engine going down: its metrics' counters (which count
+    # from the engine's start) went back. A new process may serve with other limits:
+    # `recheck` asks the monitor to read its /v1/models and /version again, and until
+    # then the profiler waits for them.
+    restarts: int = 0
+    recheck: bool = False
+    # The last good scrape since the engine was last seen up: what counters are compared
+    # with (one from before it went down would find every comeback a restart).
+    counters_since_up: EngineScrape | None = None
 
     @property
     def healthy(self) -> bool:
@@ -117,9 +126,14 @@ class EngineHealth:
         self.last_failure = check
         if self.consecutive_failures >= STRIKES_TO_DOWN[check]:
             self.status = "down"
+            self.counters_since_up = None  # it comes back a new process, already known
 
     def record_scrape(self, result: ScrapeResult, now: float) -> None:
         if isinstance(result, EngineScrape):
+            if _counters_went_back(self.counters_since_up, result):
+                self.restarts += 1
+                self.recheck = True
+            self.counters_since_up = result
             self.last_scrape = result
             self.last_scrape_at = now
             self.metrics_supported = True
@@ -149,3 +163,14 @@ class EngineHealth:
         if self.metrics_supported is None:
             return "unknown"
         return "ok" if self.metrics_supported else "unsupported"
+
+
+def _counters_went_back(before: EngineScrape | None, now: EngineScrape) -> bool:
+    """Whether counters that only grow while an engine runs are lower than they were."""
+    if before is None:
+        return False
+    pairs = (
+        (before.prefix_cache_queries, now.prefix_cache_queries),
+        (before.prefix_cache_hits, now.prefix_cache_hits),
+    )
+    return any(b is not None and n is not None and n < b for b, n in pairs)

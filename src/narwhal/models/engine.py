@@ -92,6 +92,9 @@ class Profiling:
     reprofiles: int = 0
     last_reprofile_at: float | None = None
     reprofile_wanted: bool = False
+    last_reason: str | None = None  # why the last successful run was made
+    probe_runs: int = 0  # successful runs, first profiles and re-profiles
+    probe_tokens: int = 0  # prompt and output tokens the probes had the engine serve
 
 
 class _Rate:
@@ -203,13 +206,6 @@ class EngineModel:
         if profile.kind == "reprofile":
             state.reprofiles += 1
             state.last_reprofile_at = profile.measured_monotonic
-
-    def idle_for(self, now: float) -> float:
-        """Seconds since the model last learned anything about the engine (a served
-        request, or a profile)."""
-        profile = self.profile
-        since = max(self.observed_at, profile.measured_monotonic if profile else -math.inf)
-        return now - since
 
     @property
     def drift(self) -> float:

@@ -8,8 +8,9 @@ time (a handful of engines), so the models stay plain objects and cost nothing e
     narwhal_engine_tpot_predicted_seconds{engine}         TPOT for one more request there
     narwhal_engine_tpot_observed_seconds{engine}          average TPOT requests saw there
     narwhal_engine_drift{engine,quantity}                 log(observed / profile), > 0 slower
-    narwhal_engine_reprofiles_total{engine}               re-profiles after drift
+    narwhal_engine_reprofiles_total{engine}               re-profiles (drift, a restart)
     narwhal_engine_profile_attempts_total{engine}         profiling runs started
+    narwhal_engine_probe_tokens_total{engine}             tokens the probes had it serve
     narwhal_ttft_projection_factor{quantile}              measured / projected TTFT (0.5, 0.99)
     narwhal_engine_ttft_bound_factor{engine}              the ratio the engine's bound applies
     narwhal_ttft_bound_total{outcome}                     admitted requests whose first token
@@ -66,10 +67,18 @@ class ModelCollector(Collector):
             labels=["engine", "quantity"],
         )
         reprofiles = CounterMetricFamily(
-            "narwhal_engine_reprofiles", "Re-profiles after drift.", labels=["engine"]
+            "narwhal_engine_reprofiles",
+            "Re-profiles: after drift, or of a new process (a restart, a new max_model_len).",
+            labels=["engine"],
         )
         attempts = CounterMetricFamily(
             "narwhal_engine_profile_attempts", "Profiling runs started.", labels=["engine"]
+        )
+        probe_tokens = CounterMetricFamily(
+            "narwhal_engine_probe_tokens",
+            "Prompt and output tokens the profiling probes had the engine serve (never "
+            "counted as client traffic).",
+            labels=["engine"],
         )
         for name, model in engines.items():
             profiled.add_metric([name], 1.0 if model.profiled else 0.0)
@@ -81,6 +90,7 @@ class ModelCollector(Collector):
             drift.add_metric([name, "tpot"], model.tpot_drift.score)
             reprofiles.add_metric([name], model.profiling.reprofiles)
             attempts.add_metric([name], model.profiling.attempts)
+            probe_tokens.add_metric([name], model.profiling.probe_tokens)
         factor = GaugeMetricFamily(
             "narwhal_ttft_projection_factor",
             "Measured / projected TTFT of admitted requests, by quantile: 0.5 corrects the "
@@ -113,6 +123,7 @@ class ModelCollector(Collector):
             drift,
             reprofiles,
             attempts,
+            probe_tokens,
             factor,
             bound_factor,
             bound,

@@ -11,13 +11,21 @@ model's `stretch`): with chunked prefill, decode steps share the engine with pre
 chunks, so they lengthen by 1 / (1 - rho), rho the share of the engine's time its
 prefill takes, up to a step full of prefill. A pure decode engine has rho = 0.
 
-Probes measure what one engine does alone: a few requests of `PROBE_PROMPTS` tokens and
-`PROBE_OUTPUT` tokens each, one after another, timed from validated token IDs (the first
-output event, and the spacing of the rest). They fix a, b (least squares over the
-probe lengths) and t; c starts at 0 (attention's quadratic cost shows on long prompts
-served later), and the load slopes e, u, v start from what such engines usually do
-and are learned from served requests. A probe whose events fail the token-ID check
-fails its measurement, and a profile needs every probe.
+Probes measure what one engine does alone: a few requests of `PROBE_PROMPTS` tokens (or
+`fleet.probe_prompt_tokens`), counted in the engine's own tokens and fitted under its
+`max_model_len` (`fit_probe_sizes`), and `PROBE_OUTPUT` tokens each, one after another,
+timed from validated token IDs (the first output event, and the spacing of the rest).
+They fix a, b (least squares over the probe lengths) and t; c starts at 0 (attention's
+quadratic cost shows on long prompts served later), and the load slopes e, u, v start
+from what such engines usually do and are learned from served requests. A probe whose
+events fail the token-ID check fails its measurement, and a profile needs every probe.
+
+Then `CONCURRENT_PROBES` equal prompts are sent at once, to see how the engine serves
+prompts that arrive together (`fit_concurrency`): their first tokens together at one
+step's end (batched or chunked prefill, as vLLM's), or one after another (serial: one
+prompt at a time, first come first served), and what a token of prefill costs batched
+against alone. The result is data for the projection (`Profile.prefill_discipline` and
+the fields beside it); the profile's coefficients come from the solo probes alone.
 
 Re-profiling a drifted engine keeps the shape and rescales it: each quantity by the
 median ratio of what the probes measured to what the old profile predicted for them.
@@ -25,19 +33,78 @@ median ratio of what the probes measured to what the old profile predicted for t
 
 from __future__ import annotations
 
+import itertools
 import statistics
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Final, Literal
 
-# Prompt lengths of the probe requests (tokens) and their fixed output length.
+# Prompt lengths of the probe requests (the engine's tokens) and their fixed output length.
 PROBE_PROMPTS: Final = (64, 512, 2048, 64)
 PROBE_OUTPUT: Final = 16
+# The prompts sent together: how many, their length (fitted like the others) and output.
+CONCURRENT_PROBES: Final = 4
+CONCURRENT_PROMPT: Final = 1024
+CONCURRENT_OUTPUT: Final = 2
+# Room left under max_model_len beside a probe's output: a chat template's tokens, and an
+# engine that counts one more (a BOS) than its /tokenize said.
+PROBE_MARGIN: Final = 8
+MIN_PROBE_PROMPT: Final = 8  # tokens: a shorter prompt measures nothing but overhead
+# Spread (see `fit_concurrency`) from which first tokens count as one after another.
+SERIAL_SPREAD: Final = 0.5
 # Floors: no engine answers in no time, and a fit must never predict zero or less.
 MIN_PREFILL_S: Final = 2e-4
 MIN_TPOT_S: Final = 1e-4
 
 Source = Literal["token_ids", "usage_and_events"]
+Discipline = Literal["batched", "serial", "unknown"]
+
+
+class ProfileError(ValueError):
+    """The probes cannot make a profile (the message says why)."""
+
+
+def fit_probe_sizes(
+    sizes: Sequence[int], max_model_len: int | None, output: int = PROBE_OUTPUT
+) -> tuple[int, ...]:
+    """Probe prompt lengths that fit the engine's context: each with `output` tokens and
+    `PROBE_MARGIN` beside it within `max_model_len` (None: unknown, the sizes as given).
+    Sizes over the limit scale down all together, so that the fit still sees prompts of
+    different lengths; ProfileError when the context leaves no room for a probe."""
+    if max_model_len is None:
+        return tuple(sizes)
+    limit = max_model_len - output - PROBE_MARGIN
+    if limit < MIN_PROBE_PROMPT:
+        raise ProfileError(
+            f"max_model_len {max_model_len} leaves no room for a probe of "
+            f"{MIN_PROBE_PROMPT} prompt and {output} output tokens"
+        )
+    largest = max(sizes)
+    if largest <= limit:
+        return tuple(sizes)
+    scale = limit / largest
+    return tuple(max(MIN_PROBE_PROMPT, min(limit, int(size * scale))) for size in sizes)
+
+
+@dataclass(frozen=True, slots=True)
+class ConcurrentSample:
+    """Prompts of one length sent to the engine at once: their first-token times, in
+    seconds from the moment they were sent, in the order they came."""
+
+    prompt_tokens: int
+    first_token_s: tuple[float, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Concurrency:
+    """What prompts arriving together showed (`fit_concurrency`)."""
+
+    prompt_tokens: int
+    first_token_s: tuple[float, ...]
+    spread: float
+    discipline: Discipline
+    batched_tokens_per_s: float
+    batched_cost_ratio: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,6 +132,46 @@ class Profile:
     kind: Literal["probes", "reprofile"] = "probes"
     # A re-profile: what the probes measured against the profile before (1 = unchanged).
     rescaled: tuple[float, float] = (1.0, 1.0)  # prefill, TPOT
+    # The solo probes' prompt lengths as the engine counted them, and the context they were
+    # fitted under (the engine's max_model_len then; None: not known). A new limit means
+    # a new engine process: the profiler measures it again.
+    probe_prompt_tokens: tuple[int, ...] = ()
+    max_model_len: int | None = None
+    # How the engine serves prompts that arrive together, from CONCURRENT_PROBES equal
+    # prompts sent at once (None/"unknown": not measured):
+    # - prefill_discipline: "batched" when their first tokens come together at one step's
+    #   end (continuous batching with a step budget they fit, as vLLM's chunked prefill),
+    #   "serial" when they come one after another (one prefill at a time, first come
+    #   first served; or a step budget smaller than one prompt).
+    # - concurrent_first_token_spread: the median gap between consecutive first tokens
+    #   over the solo prefill time of that prompt: about 0 batched, about 1 serial.
+    # - batched_prefill_tokens_per_s: the prompt tokens of all of them over the time the
+    #   last one's first token took: the engine's prefill throughput under a burst.
+    # - batched_cost_ratio: that burst's time over the solo prefill time of each prompt
+    #   one after another: 1 when batching saves nothing, under 1 when a batched token
+    #   costs less than a token alone.
+    # - concurrent_first_token_s: the raw first-token times (s from sending), in order,
+    #   and concurrent_prompt_tokens the length of each prompt.
+    prefill_discipline: Discipline = "unknown"
+    concurrent_first_token_spread: float | None = None
+    batched_prefill_tokens_per_s: float | None = None
+    batched_cost_ratio: float | None = None
+    concurrent_first_token_s: tuple[float, ...] = ()
+    concurrent_prompt_tokens: int | None = None
+
+    def with_concurrency(self, concurrency: Concurrency | None) -> Profile:
+        """This profile with what the concurrent probes measured (None: unchanged)."""
+        if concurrency is None:
+            return self
+        return replace(
+            self,
+            prefill_discipline=concurrency.discipline,
+            concurrent_first_token_spread=concurrency.spread,
+            batched_prefill_tokens_per_s=concurrency.batched_tokens_per_s,
+            batched_cost_ratio=concurrency.batched_cost_ratio,
+            concurrent_first_token_s=concurrency.first_token_s,
+            concurrent_prompt_tokens=concurrency.prompt_tokens,
+        )
 
     def view(self, now: float) -> dict[str, Any]:
         """The profile as /admin/engines shows it."""
@@ -86,11 +193,46 @@ class Profile:
             },
             "decode_step_s": {"base": t, "per_100_decoding": u},
             "first_decode_step_s": {"base": f, "per_1k_tokens": g},
+            "probe_prompt_tokens": list(self.probe_prompt_tokens),
+            "max_model_len": self.max_model_len,
+            "concurrent": {
+                "prefill_discipline": self.prefill_discipline,
+                "first_token_spread": _rounded(self.concurrent_first_token_spread),
+                "batched_prefill_tokens_per_s": _rounded(self.batched_prefill_tokens_per_s),
+                "batched_cost_ratio": _rounded(self.batched_cost_ratio),
+                "prompt_tokens": self.concurrent_prompt_tokens,
+                "first_token_s": [round(t, 4) for t in self.concurrent_first_token_s],
+            },
         }
 
 
-class ProfileError(ValueError):
-    """The probes cannot make a profile (the message says why)."""
+def _rounded(value: float | None) -> float | None:
+    return None if value is None else round(value, 4)
+
+
+def fit_concurrency(sample: ConcurrentSample, solo_prefill_s: float) -> Concurrency:
+    """The discipline from prompts sent together, `solo_prefill_s` the time one of them
+    takes alone (the solo probes' fit).
+
+    The spread is the median of the gaps between consecutive first tokens over the solo
+    time: an engine that batches them ends them at one step's end (gaps about 0, even
+    when one arrived late and ran a step alone: the median ignores that one), an engine
+    that prefills one at a time ends them a prefill apart (gaps about the solo time)."""
+    times = sorted(sample.first_token_s)
+    if len(times) < 2 or sample.prompt_tokens <= 0:
+        raise ProfileError("fewer than 2 concurrent probes answered")
+    solo = max(MIN_PREFILL_S, solo_prefill_s)
+    gaps = [later - earlier for earlier, later in itertools.pairwise(times)]
+    spread = max(0.0, statistics.median(gaps)) / solo
+    last = max(MIN_PREFILL_S, times[-1])
+    return Concurrency(
+        prompt_tokens=sample.prompt_tokens,
+        first_token_s=tuple(times),
+        spread=spread,
+        discipline="serial" if spread >= SERIAL_SPREAD else "batched",
+        batched_tokens_per_s=len(times) * sample.prompt_tokens / last,
+        batched_cost_ratio=last / (len(times) * solo),
+    )
 
 
 def prefill_features(prompt_tokens: float, decoding: float) -> tuple[float, float, float, float]:
@@ -137,6 +279,7 @@ def fit_profile(
         measured_monotonic=now,
         samples=len(samples),
         source=source,
+        probe_prompt_tokens=tuple(s.prompt_tokens for s in samples),
     )
 
 
@@ -160,16 +303,19 @@ def rescale(
         raise ProfileError("the probes measured no first token or no TPOT")
     k_prefill = _bounded(statistics.median(ttft_ratios))
     k_tpot = _bounded(statistics.median(tpot_ratios))
-    return Profile(
+    # Everything else (the concurrent probes' findings, the context) stays as measured
+    # before until the run that called this measures it again.
+    return replace(
+        profile,
         prefill=tuple(k_prefill * c for c in profile.prefill),  # type: ignore[arg-type]
         tpot=tuple(k_tpot * c for c in profile.tpot),  # type: ignore[arg-type]
         first_step=tuple(k_tpot * c for c in profile.first_step),  # type: ignore[arg-type]
         measured_at=wall,
         measured_monotonic=now,
         samples=len(samples),
-        source=profile.source,
         kind="reprofile",
         rescaled=(k_prefill, k_tpot),
+        probe_prompt_tokens=tuple(s.prompt_tokens for s in samples),
     )
 
 

@@ -32,6 +32,11 @@ class PromptSizer:
         """Whether counts come from the model's own tokenizer (a configured tokenizer.json)."""
         return self._count_text is not None
 
+    @property
+    def text_counter(self) -> Callable[[str], int] | None:
+        """A text's count by the configured tokenizer.json; None without one."""
+        return self._count_text
+
     def __call__(self, request: CompletionRequest) -> int:
         fixed, texts = self._parts(request)
         count = self._count
