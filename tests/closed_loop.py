@@ -35,7 +35,19 @@ from narwhal.errors import CapacityRejected, PromptExceedsTtftBudget, TtftBudget
 from narwhal.fleet.scrape import EngineScrape
 from narwhal.fleet.state import EngineHealth
 from narwhal.models.book import ModelBook
-from narwhal.models.profile import PROBE_OUTPUT, PROBE_PROMPTS, ProbeSample, fit_profile
+from narwhal.models.profile import (
+    CONCURRENT_OUTPUT,
+    CONCURRENT_PROBES,
+    CONCURRENT_PROMPT,
+    PROBE_OUTPUT,
+    PROBE_PROMPTS,
+    ConcurrentSample,
+    ProbeSample,
+    dot,
+    fit_concurrency,
+    fit_profile,
+    prefill_features,
+)
 from narwhal.protocol.tracker import OutputTracker
 from narwhal.scheduler.learning import PlacementLearning
 from narwhal.scheduler.placement import PlacementRequest
@@ -175,29 +187,42 @@ class ClosedLoop:
     # --- profiling ---------------------------------------------------------------------------
 
     def profile(self) -> None:
-        """Profile every engine as the profiler does: the probes one after another."""
+        """Profile every engine as the profiler does: the probes one after another, then
+        prompts sent together."""
         if self.book is None:
             return
         for name, run in self.runs.items():
-            samples = [self._probe(run, tokens) for tokens in PROBE_PROMPTS]
+            samples = []
+            for tokens in PROBE_PROMPTS:
+                times = self._probe(run, [tokens], PROBE_OUTPUT)[0]
+                tpot = (times[-1] - times[0]) / (len(times) - 1) if len(times) > 1 else None
+                samples.append(ProbeSample(tokens, times[0], tpot))
             profile = fit_profile(samples, source="token_ids", wall=0.0, now=self.now)
+            together = self._probe(run, [CONCURRENT_PROMPT] * CONCURRENT_PROBES, CONCURRENT_OUTPUT)
+            sample = ConcurrentSample(
+                CONCURRENT_PROMPT, tuple(t[0] for t in together), tuple(t[-1] for t in together)
+            )
+            solo = dot(profile.prefill, prefill_features(CONCURRENT_PROMPT, 0.0))
+            profile = profile.with_concurrency(fit_concurrency(sample, solo))
             self.book.model(name).install(profile)
         self.registry.invalidate()
 
-    def _probe(self, run: _EngineRun, tokens: int) -> ProbeSample:
-        seq = sim_model.Sequence(tokens, PROBE_OUTPUT, finish_reason="length")
+    def _probe(self, run: _EngineRun, prompts: list[int], output: int) -> list[list[float]]:
+        """Probes sent at once; each one's output times, from their sending."""
         start = self.now
-        run.engine.add(seq, start)
-        times: list[float] = []
-        while not seq.finished:
+        seqs = [sim_model.Sequence(tokens, output, finish_reason="length") for tokens in prompts]
+        for seq in seqs:
+            run.engine.add(seq, start)
+        times: dict[sim_model.Sequence, list[float]] = {seq: [] for seq in seqs}
+        while not all(seq.finished for seq in seqs):
             step = run.engine.schedule(self.now)
             assert step is not None, "a probe is waiting on an engine that does nothing"
             self.now += step.duration
             result = run.engine.finish_step(step, self.now)
-            if seq in result.progressed:
-                times.append(self.now)
-        tpot = (times[-1] - times[0]) / (len(times) - 1) if len(times) > 1 else None
-        return ProbeSample(tokens, times[0] - start, tpot)
+            for seq in result.progressed:
+                if seq in times:
+                    times[seq].append(self.now - start)
+        return [times[seq] for seq in seqs]
 
     # --- running -----------------------------------------------------------------------------
 

@@ -124,12 +124,22 @@ async def test_the_prefill_discipline_is_learned_from_prompts_sent_together(
             assert spread < 0.3 if discipline == "batched" else spread > 0.7
 
 
-@pytest.mark.skipif(not _has_prefill_discipline(), reason="needs --prefill-discipline")
-async def test_an_engine_that_prefills_one_prompt_at_a_time_is_serial() -> None:
-    with sim_process("--time-scale", "1", "--prefill-discipline", "serial") as sim:
+@pytest.mark.parametrize(
+    ("discipline", "learned"),
+    [
+        # One prompt a step, decoding going on beside it.
+        ("serial", "serial"),
+        # No continuous batching: each request's output is done before the next starts.
+        ("sequential", "one_at_a_time"),
+    ],
+)
+async def test_an_engine_that_prefills_one_prompt_at_a_time_is_told_apart(
+    discipline: str, learned: str
+) -> None:
+    with sim_process("--time-scale", "1", "--prefill-discipline", discipline) as sim:
         with router_process(predictive([("s0", sim)])) as router:
             concurrent = (await engines(router))["s0"]["profile"]["concurrent"]
-            assert concurrent["prefill_discipline"] == "serial", concurrent
+            assert concurrent["prefill_discipline"] == learned, concurrent
             assert concurrent["first_token_spread"] > 0.7
 
 

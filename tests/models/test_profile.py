@@ -98,6 +98,18 @@ def test_first_tokens_one_after_another_are_serial() -> None:
         fit_concurrency(ConcurrentSample(1024, (0.05,)), solo_prefill_s=0.05)
 
 
+def test_each_one_after_the_one_before_had_finished_is_one_at_a_time() -> None:
+    """No continuous batching: each prompt's prefill started after the output before it
+    ended (2 output tokens of 10 ms each). A serial engine with continuous batching
+    decodes beside the next prefill: its last tokens overlap the next first token."""
+    first = (0.053, 0.126, 0.199, 0.272)
+    one_at_a_time = ConcurrentSample(1024, first, tuple(t + 0.02 for t in first))
+    assert fit_concurrency(one_at_a_time, solo_prefill_s=0.053).discipline == "one_at_a_time"
+    first = (0.053, 0.106, 0.159, 0.212)
+    overlapping = ConcurrentSample(1024, first, (0.106, 0.159, 0.212, 0.222))
+    assert fit_concurrency(overlapping, solo_prefill_s=0.053).discipline == "serial"
+
+
 def test_the_profile_carries_concurrency_and_shows_it() -> None:
     profile = fit_profile(probes(0.008, 0.05, 0.006), source="token_ids", wall=0, now=0)
     assert profile.prefill_discipline == "unknown" and profile.probe_prompt_tokens == (

@@ -100,6 +100,7 @@ class _Probed:
 
     sample: ProbeSample
     tokens: int  # prompt and output tokens the engine served for it
+    last_token_s: float  # its last output, from the same start as its TTFT
 
 
 class Profiler:
@@ -383,6 +384,7 @@ class Profiler:
         concurrent = ConcurrentSample(
             prompt_tokens=round(sum(counted) / len(counted)),
             first_token_s=tuple(p.sample.ttft_s for p in together),
+            last_token_s=tuple(p.last_token_s for p in together),
         )
         # (A counter that stopped answering midway left the rest estimated.)
         how = "counted" if texts.counted else "estimated, checked against its usage"
@@ -443,7 +445,7 @@ class Profiler:
             decoding=decoding,
             stretch=stretch,
         )
-        return _Probed(sample, prompt_tokens + tokens)
+        return _Probed(sample, prompt_tokens + tokens, tracker.event_times[-1] - start)
 
     def _request(
         self, route: Route, text: str, output: int, client: EngineClient

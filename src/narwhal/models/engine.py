@@ -199,6 +199,10 @@ class EngineModel:
         self.tpot_drift.reset()
         self.throughput.reset(*_per_token(profile))
         self.calibration.reset()
+        # What the probes sent together showed of how many requests it serves at once.
+        one_at_a_time = profile.prefill_discipline == "one_at_a_time"
+        self._serialized = float(_SERIAL_EVIDENCE) if one_at_a_time else 0.0
+        self._overlapped = 1.0 if profile.prefill_discipline in ("batched", "serial") else 0.0
         state = self.profiling
         state.state = "profiled"
         state.reason = None

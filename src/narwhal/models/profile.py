@@ -45,7 +45,7 @@ PROBE_OUTPUT: Final = 16
 # The prompts sent together: how many, their length (fitted like the others) and output.
 CONCURRENT_PROBES: Final = 4
 CONCURRENT_PROMPT: Final = 1024
-CONCURRENT_OUTPUT: Final = 2
+CONCURRENT_OUTPUT: Final = 16  # enough that a batching engine decodes beside the next prefill
 # Room left under max_model_len beside a probe's output: a chat template's tokens, and an
 # engine that counts one more (a BOS) than its /tokenize said.
 PROBE_MARGIN: Final = 8
@@ -57,7 +57,7 @@ MIN_PREFILL_S: Final = 2e-4
 MIN_TPOT_S: Final = 1e-4
 
 Source = Literal["token_ids", "usage_and_events"]
-Discipline = Literal["batched", "serial", "unknown"]
+Discipline = Literal["batched", "serial", "one_at_a_time", "unknown"]
 
 
 class ProfileError(ValueError):
@@ -93,6 +93,8 @@ class ConcurrentSample:
 
     prompt_tokens: int
     first_token_s: tuple[float, ...]
+    # Each one's last output token, in the same order (empty: not timed).
+    last_token_s: tuple[float, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,7 +144,9 @@ class Profile:
     # - prefill_discipline: "batched" when their first tokens come together at one step's
     #   end (continuous batching with a step budget they fit, as vLLM's chunked prefill),
     #   "serial" when they come one after another (one prefill at a time, first come
-    #   first served; or a step budget smaller than one prompt).
+    #   first served; or a step budget smaller than one prompt), "one_at_a_time" when
+    #   each came only after the one before had finished its output too (an engine
+    #   without continuous batching: one request in it at a time).
     # - concurrent_first_token_spread: the median gap between consecutive first tokens
     #   over the solo prefill time of that prompt: about 0 batched, about 1 serial.
     # - batched_prefill_tokens_per_s: the prompt tokens of all of them over the time the
@@ -217,7 +221,10 @@ def fit_concurrency(sample: ConcurrentSample, solo_prefill_s: float) -> Concurre
     The spread is the median of the gaps between consecutive first tokens over the solo
     time: an engine that batches them ends them at one step's end (gaps about 0, even
     when one arrived late and ran a step alone: the median ignores that one), an engine
-    that prefills one at a time ends them a prefill apart (gaps about the solo time)."""
+    that prefills one at a time ends them a prefill apart (gaps about the solo time).
+    Where each prompt's first token came a prefill (half a solo time, at least) after
+    the one before had its last token, the engine ran them one at a time, outputs and
+    all: no continuous batching."""
     times = sorted(sample.first_token_s)
     if len(times) < 2 or sample.prompt_tokens <= 0:
         raise ProfileError("fewer than 2 concurrent probes answered")
@@ -225,11 +232,16 @@ def fit_concurrency(sample: ConcurrentSample, solo_prefill_s: float) -> Concurre
     gaps = [later - earlier for earlier, later in itertools.pairwise(times)]
     spread = max(0.0, statistics.median(gaps)) / solo
     last = max(MIN_PREFILL_S, times[-1])
+    discipline: Discipline = "serial" if spread >= SERIAL_SPREAD else "batched"
+    if discipline == "serial" and len(sample.last_token_s) == len(sample.first_token_s):
+        ends = sorted(zip(sample.first_token_s, sample.last_token_s, strict=True))
+        if all(later[0] - earlier[1] >= 0.5 * solo for earlier, later in itertools.pairwise(ends)):
+            discipline = "one_at_a_time"
     return Concurrency(
         prompt_tokens=sample.prompt_tokens,
         first_token_s=tuple(times),
         spread=spread,
-        discipline="serial" if spread >= SERIAL_SPREAD else "batched",
+        discipline=discipline,
         batched_tokens_per_s=len(times) * sample.prompt_tokens / last,
         batched_cost_ratio=last / (len(times) * solo),
     )
