@@ -1,0 +1,62 @@
+"""Fixtures for the real-engine tier: the tiny model, one real vLLM for the whole session
+(it takes 20-60 s to start, so every module of the tier shares it: they are one xdist group,
+see pytest_collection_modifyitems), and routers in front of it as real processes."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.processes import NarwhalProcess, router_process
+from tests.real.engines import EngineProcess, built_model, vllm_engine
+
+MODEL = "narwhal-tiny"
+# The engine's context, as common on small GPUs: what the profile's probes must fit.
+MAX_MODEL_LEN = 2048
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Every test here runs on one xdist worker (`--dist loadgroup`), which owns the engine."""
+    for item in items:
+        if Path(str(item.fspath)).parent == Path(__file__).parent:
+            item.add_marker(pytest.mark.xdist_group("real-vllm"))
+
+
+@pytest.fixture(scope="session")
+def model_dir() -> Path:
+    return built_model()
+
+
+@pytest.fixture(scope="session")
+def engine_logs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("engine-logs")
+
+
+@pytest.fixture(scope="session")
+def vllm(model_dir: Path, engine_logs: Path) -> Iterator[EngineProcess]:
+    with vllm_engine(
+        model_dir, engine_logs, served_name=MODEL, core=0, max_model_len=MAX_MODEL_LEN
+    ) as engine:
+        yield engine
+
+
+def vllm_config(engine: EngineProcess, **sections: Any) -> dict[str, Any]:
+    """A router for the real vLLM (dialect vllm), `admission: open` unless a section says."""
+    config: dict[str, Any] = {
+        "model": MODEL,
+        "engines": [{"name": "v0", "url": engine.url, "dialect": "vllm", "role": "both"}],
+        "admission": {"mode": "open"},
+    }
+    for key, value in sections.items():
+        config[key] = {**config.get(key, {}), **value}
+    return config
+
+
+@pytest.fixture(scope="module")
+def router(vllm: EngineProcess) -> Iterator[NarwhalProcess]:
+    """An `admission: open` router in front of the real vLLM, shared by a module."""
+    with router_process(vllm_config(vllm)) as process:
+        yield process
