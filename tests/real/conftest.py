@@ -16,6 +16,9 @@ from tests.real.engines import EngineProcess, built_model, vllm_engine
 MODEL = "narwhal-tiny"
 # The engine's context, as common on small GPUs: what the profile's probes must fit.
 MAX_MODEL_LEN = 2048
+# A context that today's profile probes fit (their "2,048 tokens" are about 8,000 of this
+# model's), for the tests of predictive admission that need a profiled engine.
+LONG_MAX_MODEL_LEN = 8192
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -39,6 +42,15 @@ def engine_logs(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def vllm(model_dir: Path, engine_logs: Path) -> Iterator[EngineProcess]:
     with vllm_engine(
         model_dir, engine_logs, served_name=MODEL, core=0, max_model_len=MAX_MODEL_LEN
+    ) as engine:
+        yield engine
+
+
+@pytest.fixture(scope="module")
+def vllm_long(model_dir: Path, engine_logs: Path) -> Iterator[EngineProcess]:
+    """A second real vLLM, on the other core, with a context of 8,192 tokens."""
+    with vllm_engine(
+        model_dir, engine_logs, served_name=MODEL, core=1, max_model_len=LONG_MAX_MODEL_LEN
     ) as engine:
         yield engine
 

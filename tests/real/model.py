@@ -27,7 +27,7 @@ from typing import Any
 
 NAME = "narwhal-tiny"
 SEED = 20261201
-MAX_POSITIONS = 4096
+MAX_POSITIONS = 8192
 HIDDEN = 64
 HEADS = 2
 HEAD_DIM = 32
