@@ -22,10 +22,13 @@ LONG_MAX_MODEL_LEN = 8192
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Every test here runs on one xdist worker (`--dist loadgroup`), which owns the engine."""
+    """The vLLM tests run on one xdist worker (`--dist loadgroup`), which owns the engines;
+    the `transformers serve` tests, which need none of them, on another."""
     for item in items:
-        if Path(str(item.fspath)).parent == Path(__file__).parent:
-            item.add_marker(pytest.mark.xdist_group("real-vllm"))
+        path = Path(str(item.fspath))
+        if path.parent == Path(__file__).parent:
+            engine = "transformers" if path.name == "test_transformers.py" else "vllm"
+            item.add_marker(pytest.mark.xdist_group(f"real-{engine}"))
 
 
 @pytest.fixture(scope="session")

@@ -184,13 +184,19 @@ def transformers_engine(
     model_dir: Path, log_dir: Path, *, continuous_batching: bool
 ) -> Iterator[EngineProcess]:
     """`transformers serve` pinned to the model (its requests must name the model by its
-    path, which is then the router's `model`), on CPU in float32."""
+    path, which is then the router's `model`), on CPU in float32. With continuous batching
+    its KV cache is bounded here (256 blocks of 32 tokens): by default it takes a share of
+    the machine's memory, 20 GiB of this one's."""
     port = free_port()
     argv = [
         str(VENV / "bin" / "transformers"), "serve", str(model_dir),
         "--host", "127.0.0.1", "--port", str(port), "--device", "cpu", "--dtype", "float32",
-        "--continuous-batching" if continuous_batching else "--no-continuous-batching",
     ]  # fmt: skip
+    if continuous_batching:
+        argv += ["--continuous-batching", "--cb-block-size", "32", "--cb-num-blocks", "256"]
+        argv += ["--cb-max-batch-tokens", "512"]
+    else:
+        argv.append("--no-continuous-batching")
     env = {**_offline_env(log_dir), "OMP_NUM_THREADS": "1"}
     mode = "cb" if continuous_batching else "nocb"
     with engine_process(f"transformers-{mode}-{port}", argv, env, log_dir, port) as engine:
