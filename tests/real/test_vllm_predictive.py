@@ -9,6 +9,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+import aiohttp
 import openai
 import pytest
 
@@ -62,15 +63,23 @@ async def test_prompts_are_sized_by_the_engines_tokenize(
 
 
 async def test_a_burst_beyond_capacity_is_refused_early_with_ttft_budget_exceeded(
-    vllm_long: EngineProcess,
+    vllm_long: EngineProcess, router: NarwhalProcess
 ) -> None:
     """Many long prompts at once, a short budget: some are admitted, the rest refused at
     once with the predictive 429 and a Retry-After, and every one is counted once."""
     count = 24
-    with router_process(predictive(vllm_long, ttft_target_s=0.3)) as router:
-        bodies = [completion(f"{i}" + FILLER * 300, max_tokens=2) for i in range(count)]
+    prompts = [f"{i}" + FILLER * 300 for i in range(count)]
+    # A budget of about four such prefills alone, by the profile's own fit: one prompt is
+    # well within it, the whole burst far beyond it (on a loaded machine as on an idle one).
+    tokens = await _count(vllm_long, prompts[0])
+    prefill = (await engine_report(router))["profile"]["prefill_s"]
+    alone = prefill["base"] + prefill["per_1k_tokens"] * tokens / 1000
+    alone += prefill["per_1k_tokens_squared"] * (tokens / 1000) ** 2
+    budget = round(max(4 * alone, 0.05), 3)
+    with router_process(predictive(vllm_long, ttft_target_s=budget)) as tight:
+        bodies = [completion(prompt, max_tokens=2) for prompt in prompts]
         started = time.monotonic()
-        replies = await asyncio.gather(*(send(router.url, b, timeout=60) for b in bodies))
+        replies = await asyncio.gather(*(send(tight.url, b, timeout=60) for b in bodies))
         assert time.monotonic() - started < 30
         statuses = sorted(r.status for r in replies)
         refused = [r for r in replies if r.status == 429]
@@ -79,7 +88,7 @@ async def test_a_burst_beyond_capacity_is_refused_early_with_ttft_budget_exceede
             assert reply.json()["error"]["code"] == "ttft_budget_exceeded"
             assert int(reply.headers["Retry-After"]) >= 1
         values = await settle(
-            router.url,
+            tight.url,
             lambda v: v["narwhal_retained_requests"] == 0 and v["narwhal_offered_total"] == count,
         )
         assert values['narwhal_refused_total{reason="projected"}'] == len(refused)
@@ -97,6 +106,15 @@ async def test_a_prompt_alone_over_the_budget_is_refused_before_the_engine(
         assert error["code"] == "prompt_exceeds_ttft_budget" and error["param"] == "prompt"
         assert "Retry-After" not in reply.headers
         assert seen(vllm_long, "/v1/completions") == before
+
+
+async def _count(engine: EngineProcess, prompt: str) -> int:
+    """The prompt's tokens, as vLLM counts them (its /tokenize)."""
+    async with aiohttp.ClientSession() as session:
+        body = {"model": MODEL, "prompt": prompt}
+        async with session.post(engine.url + "/tokenize", json=body) as resp:
+            assert resp.status == 200
+            return int((await resp.json())["count"])
 
 
 @pytest.mark.xfail(strict=True, reason="step13-wire")
