@@ -1,6 +1,6 @@
 """Fixtures for the real-engine tier: the tiny model, one real vLLM for the whole session
-(it takes 20-60 s to start, so every module of the tier shares it: they are one xdist group,
-see pytest_collection_modifyitems), and routers in front of it as real processes."""
+(it takes 20-60 s to start, so every vLLM module shares it: they are one xdist group,
+`VLLM_GROUP`, which one worker owns), and routers in front of it as real processes."""
 
 from __future__ import annotations
 
@@ -14,21 +14,14 @@ from tests.processes import NarwhalProcess, router_process
 from tests.real.engines import EngineProcess, built_model, vllm_engine
 
 MODEL = "narwhal-tiny"
+# The vLLM modules' `pytestmark`: under `--dist loadgroup` they run on one worker, in order,
+# so the session's engines start once.
+VLLM_GROUP = pytest.mark.xdist_group("real-vllm")
 # The engine's context, as common on small GPUs: what the profile's probes must fit.
 MAX_MODEL_LEN = 2048
 # A context that today's profile probes fit (their "2,048 tokens" are about 8,000 of this
 # model's), for the tests of predictive admission that need a profiled engine.
 LONG_MAX_MODEL_LEN = 8192
-
-
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The vLLM tests run on one xdist worker (`--dist loadgroup`), which owns the engines;
-    the `transformers serve` tests, which need none of them, on another."""
-    for item in items:
-        path = Path(str(item.fspath))
-        if path.parent == Path(__file__).parent:
-            engine = "transformers" if path.name == "test_transformers.py" else "vllm"
-            item.add_marker(pytest.mark.xdist_group(f"real-{engine}"))
 
 
 @pytest.fixture(scope="session")

@@ -18,6 +18,9 @@ from tests.real.engines import EngineProcess, transformers_engine
 from tests.real.test_vllm_fleet import engine_report
 from tests.real.test_vllm_relay import finish, text_of
 
+# Its own worker under `--dist loadgroup`: the module's engines start once, beside vLLM's.
+pytestmark = pytest.mark.xdist_group("real-transformers")
+
 
 @pytest.fixture(scope="module", params=[False, True], ids=["batching-off", "batching-on"])
 def engine(

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -15,10 +16,12 @@ import pytest
 
 from tests.e2e.conftest import metrics_of, send, settle
 from tests.processes import NarwhalProcess, router_process
-from tests.real.conftest import LONG_MAX_MODEL_LEN, MODEL, vllm_config
+from tests.real.conftest import LONG_MAX_MODEL_LEN, MODEL, VLLM_GROUP, vllm_config
 from tests.real.engines import EngineProcess
 from tests.real.test_vllm_fleet import engine_report
 from tests.real.test_vllm_relay import chat, completion
+
+pytestmark = VLLM_GROUP
 
 # About 9 tokens each in the test model's tokenizer (words it was not trained on).
 FILLER = " year woman"
@@ -132,3 +135,23 @@ async def test_the_prompt_alone_429_tells_clients_not_to_retry(
             assert time.monotonic() - started < 0.5  # no backoff and retry
         values = await metrics_of(router.url)
         assert values["narwhal_offered_total"] == 2
+
+
+async def test_the_models_tokenizer_json_sizes_prompts_in_the_router(
+    vllm_long: EngineProcess, model_dir: Path
+) -> None:
+    """`tokenizer:` set to the model's tokenizer.json: Narwhal counts a completion prompt as
+    vLLM does, in its own process, and asks the engine's /tokenize nothing."""
+    from tokenizers import Tokenizer
+
+    tokenizer_json = model_dir / "tokenizer.json"
+    prompt = "The narwhal measures the weather in Paris." + FILLER * 40
+    local = Tokenizer.from_file(str(tokenizer_json)).encode(prompt, add_special_tokens=False)
+    assert len(local.ids) == await _count(vllm_long, prompt)
+    config = {**predictive(vllm_long), "tokenizer": str(tokenizer_json)}
+    with router_process(config) as router:
+        before = seen(vllm_long, "/tokenize")
+        reply = await send(router.url, completion(prompt, max_tokens=2))
+        assert reply.status == 200, reply.raw
+        assert reply.json()["usage"]["prompt_tokens"] == len(local.ids)
+        assert seen(vllm_long, "/tokenize") == before
