@@ -1,7 +1,24 @@
-"""Run the project's checks in order: ruff, mypy, pytest. Extra arguments go to pytest."""
+"""Run the project's checks in order: ruff, mypy, pytest. Extra arguments go to pytest.
 
+pytest runs in parallel processes (pytest-xdist, `--dist loadgroup`: each real-engine
+group of tests stays on one worker, which owns its engines), NARWHAL_TEST_WORKERS of them
+(default 4: most tests wait on sockets and timers, not on the two cores); arguments that
+choose the workers themselves (-n, -p no:xdist) are left alone.
+
+With --install-engines first (scripts/test passes it), scripts/install_engines.sh runs in
+the background meanwhile, its output in .venv-engines.log, so the engines' install overlaps
+ruff and mypy; pytest waits for it. An install that fails is reported and pytest runs all
+the same: the real-engine tests then fail under CI=true and are skipped elsewhere.
+"""
+
+import os
 import subprocess
 import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+ENGINES_LOG = ROOT / ".venv-engines.log"
 
 
 def run(*cmd: str) -> None:
@@ -11,7 +28,44 @@ def run(*cmd: str) -> None:
         sys.exit(code)
 
 
+def start_engines_install() -> subprocess.Popen[bytes]:
+    print(f"+ scripts/install_engines.sh > {ENGINES_LOG.name} (in the background)", flush=True)
+    with open(ENGINES_LOG, "wb") as log:
+        return subprocess.Popen(
+            [str(ROOT / "scripts" / "install_engines.sh")],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+        )
+
+
+def wait_engines_install(install: subprocess.Popen[bytes], started: float) -> None:
+    code = install.wait()
+    lines = ENGINES_LOG.read_text(errors="replace").splitlines()
+    if code == 0:
+        print(f"+ engines ready ({time.monotonic() - started:.0f}s): {lines[-1]}", flush=True)
+        return
+    print(f"! the engines' install failed (exit {code}); the end of {ENGINES_LOG.name}:")
+    print("\n".join(lines[-30:]), flush=True)
+
+
+def pytest_args(args: list[str]) -> list[str]:
+    chooses_workers = any(a == "-n" or a.startswith(("-n", "--numprocesses")) for a in args)
+    if chooses_workers or "no:xdist" in args:
+        return args
+    workers = os.environ.get("NARWHAL_TEST_WORKERS", "4")
+    return ["-n", workers, "--dist", "loadgroup", *args]
+
+
+args = sys.argv[1:]
+install = None
+started = time.monotonic()
+if args[:1] == ["--install-engines"]:
+    args = args[1:]
+    install = start_engines_install()
 run("ruff", "check", "src", "tests", "scripts")
 run("ruff", "format", "--check", "src", "tests", "scripts")
 run("mypy")
-run("pytest", *sys.argv[1:])
+if install is not None:
+    wait_engines_install(install, started)
+run("pytest", *pytest_args(args))

@@ -51,6 +51,11 @@ PLACEHOLDER_SECRET = "placeholder-secret-for-the-readme-test"
 BLOCKS = [block for path in DOCUMENTS for block in fenced_blocks(path)]
 
 
+# One xdist worker runs the whole module, in order (`--dist loadgroup`): the snippets it runs use
+# the README's fixed ports (8000, 8101, ...), one at a time.
+pytestmark = pytest.mark.xdist_group("test_readme")
+
+
 def _kind(block: Block) -> str | None:
     if block.language in SHELL_LANGUAGES:
         return "shell"

@@ -65,6 +65,11 @@ PATH_VALUES = {
 }
 
 
+# One xdist worker runs the whole module, in order (`--dist loadgroup`): its last test checks what
+# every test before it did to the module's router.
+pytestmark = pytest.mark.xdist_group("test_openapi")
+
+
 def escape(part: str) -> str:
     return part.replace("~", "~0").replace("/", "~1")
 

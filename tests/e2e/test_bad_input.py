@@ -45,6 +45,11 @@ TOKENS_MAX = 2**31 - 1
 SETTINGS = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
+# One xdist worker runs the whole module, in order (`--dist loadgroup`): its last test checks what
+# every test before it did to the module's router.
+pytestmark = pytest.mark.xdist_group("test_bad_input")
+
+
 @dataclass
 class Router:
     process: NarwhalProcess

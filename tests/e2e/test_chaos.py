@@ -90,7 +90,7 @@ async def test_every_request_is_answered_truthfully_and_released(mode: str) -> N
         }
         with router_process(config) as router, contextlib.ExitStack() as restarted:
             seen, values = await _run(router, vllm, rng, restarted)
-            engines = await _engines(router)
+            engines = await _engines(router, profiled=mode == "predictive")
     # Told the truth: every stream that started ended with [DONE] or an error event.
     assert seen["stream cut short"] == 0, seen
     assert seen["stream done"] > 50 and seen["stream error event"] > 0, seen
@@ -168,8 +168,16 @@ def _stream_end(body: bytes) -> str:
     return "stream cut short"
 
 
-async def _engines(router: NarwhalProcess) -> list[dict[str, Any]]:
+async def _engines(router: NarwhalProcess, profiled: bool) -> list[dict[str, Any]]:
+    """/admin/engines; with `profiled`, once every engine is (the restarted one's new
+    profile may still be on its way on a loaded machine), or as it is after 15 s."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + 15
     async with aiohttp.ClientSession() as session:
-        async with session.get(router.url + "/admin/engines") as response:
-            engines: list[dict[str, Any]] = (await response.json())["engines"]
-            return engines
+        while True:
+            async with session.get(router.url + "/admin/engines") as response:
+                engines: list[dict[str, Any]] = (await response.json())["engines"]
+            done = all(e["profiling"]["state"] == "profiled" for e in engines)
+            if not profiled or done or loop.time() > deadline:
+                return engines
+            await asyncio.sleep(0.1)

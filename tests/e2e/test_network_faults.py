@@ -60,7 +60,10 @@ def proxied_fleet(
 
 
 async def test_latency_and_a_bandwidth_cap_slow_answers_but_lose_nothing() -> None:
-    with proxied_fleet() as (router, [proxy]):
+    # Probes get the defaults' time (the module's short ones detect faults fast): a slowed
+    # link must slow the answers, not mark the engine down on a loaded machine.
+    probes = {"probe_timeout_s": 2.0, "stale_after_s": 5.0}
+    with proxied_fleet(fleet=probes) as (router, [proxy]):
         proxy.shape(latency_s=0.05, bytes_per_s=20_000)
         started = time.monotonic()
         streamed = await send(router.url, chat(stream=True, max_tokens=32))

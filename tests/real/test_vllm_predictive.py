@@ -1,0 +1,157 @@
+"""Predictive admission in front of a real vLLM: the engine profiled from its token IDs, prompts
+sized by its /tokenize, and both predictive 429s. The engine here has a context of 8,192
+tokens, which today's profile probes fit (the 2,048-token case is test_vllm_fleet's)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import openai
+import pytest
+
+from tests.e2e.conftest import metrics_of, send, settle
+from tests.processes import NarwhalProcess, router_process
+from tests.real.conftest import LONG_MAX_MODEL_LEN, MODEL, VLLM_GROUP, vllm_config
+from tests.real.engines import EngineProcess
+from tests.real.test_vllm_fleet import engine_report
+from tests.real.test_vllm_relay import chat, completion
+
+pytestmark = VLLM_GROUP
+
+# About 9 tokens each in the test model's tokenizer (words it was not trained on).
+FILLER = " year woman"
+
+
+def predictive(engine: EngineProcess, **admission: Any) -> dict[str, Any]:
+    return vllm_config(engine, admission={"mode": "predictive", **admission})
+
+
+def seen(engine: EngineProcess, path: str) -> int:
+    """Requests to `path` in vLLM's access log."""
+    return engine.log.read_text(errors="replace").count(f'"POST {path} HTTP/1.1" 200')
+
+
+@pytest.fixture(scope="module")
+def router(vllm_long: EngineProcess) -> Iterator[NarwhalProcess]:
+    with router_process(predictive(vllm_long)) as process:
+        yield process
+
+
+async def test_the_engine_is_profiled_from_its_token_ids(router: NarwhalProcess) -> None:
+    report = await engine_report(router)
+    assert report["monitoring"]["max_model_len"] == LONG_MAX_MODEL_LEN
+    assert report["profiling"]["state"] == "profiled", report["profiling"]
+    assert report["eligible"] is True and report["state"] == "up"
+    profile = report["profile"]
+    assert profile["source"] == "token_ids" and profile["samples"] >= 3
+    # A real engine's costs, measured: positive and finite.
+    assert 0 < profile["prefill_s"]["per_1k_tokens"] < 5, profile
+    assert 0 < profile["decode_step_s"]["base"] < 1, profile
+    values = await metrics_of(router.url)
+    assert values['narwhal_engine_profiled{engine="v0"}'] == 1
+
+
+async def test_prompts_are_sized_by_the_engines_tokenize(
+    vllm_long: EngineProcess, router: NarwhalProcess
+) -> None:
+    before = seen(vllm_long, "/tokenize")
+    reply = await send(router.url, chat("A prompt that the router sizes before admitting it."))
+    assert reply.status == 200, reply.raw
+    assert seen(vllm_long, "/tokenize") > before
+
+
+async def test_a_burst_beyond_capacity_is_refused_early_with_ttft_budget_exceeded(
+    vllm_long: EngineProcess, router: NarwhalProcess
+) -> None:
+    """Many long prompts at once, a short budget: some are admitted, the rest refused at
+    once with the predictive 429 and a Retry-After, and every one is counted once."""
+    count = 24
+    prompts = [f"{i}" + FILLER * 300 for i in range(count)]
+    # A budget of about four such prefills alone, by the profile's own fit: one prompt is
+    # well within it, the whole burst far beyond it (on a loaded machine as on an idle one).
+    tokens = await _count(vllm_long, prompts[0])
+    prefill = (await engine_report(router))["profile"]["prefill_s"]
+    alone = prefill["base"] + prefill["per_1k_tokens"] * tokens / 1000
+    alone += prefill["per_1k_tokens_squared"] * (tokens / 1000) ** 2
+    budget = round(max(4 * alone, 0.05), 3)
+    with router_process(predictive(vllm_long, ttft_target_s=budget)) as tight:
+        bodies = [completion(prompt, max_tokens=2) for prompt in prompts]
+        started = time.monotonic()
+        replies = await asyncio.gather(*(send(tight.url, b, timeout=60) for b in bodies))
+        assert time.monotonic() - started < 30
+        statuses = sorted(r.status for r in replies)
+        refused = [r for r in replies if r.status == 429]
+        assert set(statuses) == {200, 429}, statuses
+        for reply in refused:
+            assert reply.json()["error"]["code"] == "ttft_budget_exceeded"
+            assert int(reply.headers["Retry-After"]) >= 1
+        values = await settle(
+            tight.url,
+            lambda v: v["narwhal_retained_requests"] == 0 and v["narwhal_offered_total"] == count,
+        )
+        assert values['narwhal_refused_total{reason="projected"}'] == len(refused)
+        assert values['narwhal_outcomes_total{outcome="completed"}'] == count - len(refused)
+
+
+async def test_a_prompt_alone_over_the_budget_is_refused_before_the_engine(
+    vllm_long: EngineProcess,
+) -> None:
+    with router_process(predictive(vllm_long, ttft_target_s=0.001)) as router:
+        before = seen(vllm_long, "/v1/completions")
+        reply = await send(router.url, completion(FILLER * 600, max_tokens=2))
+        assert reply.status == 429, reply.raw
+        error = reply.json()["error"]
+        assert error["code"] == "prompt_exceeds_ttft_budget" and error["param"] == "prompt"
+        assert "Retry-After" not in reply.headers
+        assert seen(vllm_long, "/v1/completions") == before
+
+
+async def _count(engine: EngineProcess, prompt: str) -> int:
+    """The prompt's tokens, as vLLM counts them (its /tokenize)."""
+    async with aiohttp.ClientSession() as session:
+        body = {"model": MODEL, "prompt": prompt}
+        async with session.post(engine.url + "/tokenize", json=body) as resp:
+            assert resp.status == 200
+            return int((await resp.json())["count"])
+
+
+@pytest.mark.xfail(strict=True, reason="step13-wire")
+async def test_the_prompt_alone_429_tells_clients_not_to_retry(
+    vllm_long: EngineProcess,
+) -> None:
+    """`x-should-retry: false`, which the official client honours: one request, not three."""
+    with router_process(predictive(vllm_long, ttft_target_s=0.001)) as router:
+        reply = await send(router.url, completion(FILLER * 600, max_tokens=2))
+        assert reply.status == 429 and reply.headers.get("x-should-retry") == "false"
+        with openai.OpenAI(base_url=router.url + "/v1", api_key="unused", max_retries=2) as c:
+            started = time.monotonic()
+            with pytest.raises(openai.RateLimitError):
+                c.completions.create(model=MODEL, prompt=FILLER * 600, max_tokens=2)
+            assert time.monotonic() - started < 0.5  # no backoff and retry
+        values = await metrics_of(router.url)
+        assert values["narwhal_offered_total"] == 2
+
+
+async def test_the_models_tokenizer_json_sizes_prompts_in_the_router(
+    vllm_long: EngineProcess, model_dir: Path
+) -> None:
+    """`tokenizer:` set to the model's tokenizer.json: Narwhal counts a completion prompt as
+    vLLM does, in its own process, and asks the engine's /tokenize nothing."""
+    from tokenizers import Tokenizer
+
+    tokenizer_json = model_dir / "tokenizer.json"
+    prompt = "The narwhal measures the weather in Paris." + FILLER * 40
+    local = Tokenizer.from_file(str(tokenizer_json)).encode(prompt, add_special_tokens=False)
+    assert len(local.ids) == await _count(vllm_long, prompt)
+    config = {**predictive(vllm_long), "tokenizer": str(tokenizer_json)}
+    with router_process(config) as router:
+        before = seen(vllm_long, "/tokenize")
+        reply = await send(router.url, completion(prompt, max_tokens=2))
+        assert reply.status == 200, reply.raw
+        assert reply.json()["usage"]["prompt_tokens"] == len(local.ids)
+        assert seen(vllm_long, "/tokenize") == before

@@ -1,0 +1,108 @@
+"""Wire fidelity with a real vLLM (issue 22, item 5): what vLLM answers directly, a client
+gets through Narwhal too. Marked `step13-wire` where the router does not do so yet; the
+marks go when the router's fix lands (strict: a mark on a passing test fails)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import aiohttp
+import pytest
+
+from tests.e2e.conftest import metrics_of, send
+from tests.processes import NarwhalProcess
+from tests.real.conftest import MAX_MODEL_LEN, MODEL, VLLM_GROUP
+from tests.real.engines import EngineProcess
+from tests.real.test_vllm_relay import both, completion
+
+pytestmark = VLLM_GROUP
+
+WIRE = pytest.mark.xfail(strict=True, reason="step13-wire")
+
+
+@WIRE
+async def test_echo_keeps_the_prompt_text(vllm: EngineProcess, router: NarwhalProcess) -> None:
+    direct, routed = await both(vllm, router, completion("Once upon a time", echo=True))
+    text = routed.json()["choices"][0]["text"]
+    assert text.startswith("Once upon a time")
+    assert text == direct.json()["choices"][0]["text"]
+
+
+@WIRE
+async def test_prompt_logprobs_without_streaming_are_answered(
+    vllm: EngineProcess, router: NarwhalProcess
+) -> None:
+    """vLLM refuses `prompt_logprobs` on a stream, so Narwhal must not stream this one."""
+    direct, routed = await both(vllm, router, completion("Hello there", prompt_logprobs=1))
+    got = routed.json()["choices"][0]["prompt_logprobs"]
+    assert got == direct.json()["choices"][0]["prompt_logprobs"]
+    assert got[0] is None and len(got) == direct.json()["usage"]["prompt_tokens"]
+    assert routed.json()["usage"] == direct.json()["usage"]
+
+
+@WIRE
+async def test_a_list_of_prompts_is_served_as_vllm_serves_it(
+    vllm: EngineProcess, router: NarwhalProcess
+) -> None:
+    prompts = ["Hello there", "Once upon a time", "The quick brown fox"]
+    direct, routed = await both(vllm, router, completion(prompts, max_tokens=6))
+    choices = routed.json()["choices"]
+    assert [c["index"] for c in choices] == [0, 1, 2]
+    expected = direct.json()["choices"]
+    assert [c["text"] for c in choices] == [c["text"] for c in expected]
+    usage, summed = routed.json()["usage"], direct.json()["usage"]
+    assert (usage["prompt_tokens"], usage["completion_tokens"]) == (
+        summed["prompt_tokens"],
+        summed["completion_tokens"],
+    )
+    values = await metrics_of(router.url)
+    assert values.get('narwhal_outcomes_total{outcome="upstream_error"}', 0) == 0
+
+
+@WIRE
+@pytest.mark.parametrize(
+    "fields",
+    [{"max_tokens": 5000}, {"prompt_logprobs": 1, "stream": True}],
+    ids=["max_tokens_over_the_context", "prompt_logprobs_on_a_stream"],
+)
+async def test_an_engine_400_keeps_its_param(
+    vllm: EngineProcess, router: NarwhalProcess, fields: dict[str, Any]
+) -> None:
+    body = completion("Hello there", **fields)
+    direct = await send(vllm.url, body)
+    routed = await send(router.url, body)
+    assert direct.status == routed.status == 400
+    param = direct.json()["error"]["param"]
+    assert param in fields and routed.json()["error"]["param"] == param
+
+
+@WIRE
+async def test_models_carries_the_engines_max_model_len(router: NarwhalProcess) -> None:
+    reply = await _get(router.url + "/v1/models")
+    (model,) = reply["data"]
+    assert model["id"] == MODEL and model["max_model_len"] == MAX_MODEL_LEN
+
+
+@WIRE
+async def test_a_prompt_over_the_context_is_400_before_any_engine_work(
+    vllm: EngineProcess, router: NarwhalProcess
+) -> None:
+    prompt = " year woman" * MAX_MODEL_LEN  # well over 2,048 tokens in the model's tokenizer
+    before = _completions_seen(vllm)
+    reply = await send(router.url, completion(prompt, max_tokens=4))
+    assert reply.status == 400, reply.raw
+    error = reply.json()["error"]
+    assert error["code"] == "context_length_exceeded" and error["param"] == "prompt"
+    assert error["type"] == "invalid_request_error" and str(MAX_MODEL_LEN) in error["message"]
+    assert _completions_seen(vllm) == before  # vLLM never saw it
+
+
+async def _get(url: str) -> Any:
+    async with aiohttp.ClientSession() as session, session.get(url) as resp:
+        assert resp.status == 200
+        return await resp.json()
+
+
+def _completions_seen(vllm: EngineProcess) -> int:
+    """The completion requests vLLM has received (its access log)."""
+    return vllm.log.read_text(errors="replace").count('"POST /v1/completions HTTP/1.1"')
