@@ -41,19 +41,22 @@ midway: its drift score, its re-profile and where new decode work goes).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import re
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import harness
 from harness import HOST, MODEL, Processes, Server, fmt, table
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # tests.real, for --engine
 
 LEVELS = (0.5, 1.0, 1.5, 2.0, 3.0)
 POLICIES = ("open", "queue", "predictive")
@@ -129,7 +132,9 @@ def router_config(
                 "url": sim.url,
                 "dialect": "vllm",
                 "role": role,
-                "max_num_batched_tokens": STEP_BUDGET[0],
+                # (for real engines, the router's default: what it knows of the engine
+                # is what it measures)
+                **({"max_num_batched_tokens": STEP_BUDGET[0]} if not REAL else {}),
             }
             for name, sim, role in sims
         ],
@@ -214,10 +219,12 @@ def workload(
     args: argparse.Namespace,
     requests: int,
     duration: float,
-    prompts: str = PROMPTS,
-    outputs: str = OUTPUTS,
+    prompts: str | None = None,
+    outputs: str | None = None,
 ) -> list[str]:
     """`narwhal bench` flags for the workload: requests, lengths, seed, budget, bounds."""
+    prompts = prompts or args.prompts
+    outputs = outputs or args.outputs
     return [
         *("-n", str(requests), "--seed", str(args.seed)),
         *("--prompt-tokens", prompts, "--max-tokens", outputs, "--ignore-eos"),
@@ -276,13 +283,65 @@ STEP_BUDGET = [8192]  # the sims' --max-num-batched-tokens (set from --step-budg
 DISCIPLINE = ["chunked"]  # the sims' --prefill-discipline (set from --discipline)
 
 
+ENGINE = ["sim"]  # --engine: sim, or vllm (real engines started once, kept across runs)
+REAL: list[Server] = []  # the real engines, when --engine is not sim
+
+
 def start_fleet(procs: Processes, tag: str, flags: Sequence[Sequence[str]]) -> list[Server]:
+    if ENGINE[0] != "sim":
+        # Real engines take tens of seconds to start: one set serves every run, each run
+        # starting once the one before has drained from them.
+        for engine in REAL:
+            drained(engine)
+        return REAL[: len(flags)]
     budget = ("--max-num-batched-tokens", str(STEP_BUDGET[0]))
     discipline = ("--prefill-discipline", DISCIPLINE[0])
     return [
         procs.sim(f"sim{i}-{tag}", *SIM_FLAGS, *budget, *discipline, "--seed", str(i), *extra)
         for i, extra in enumerate(flags)
     ]
+
+
+def stop_fleet(procs: Processes, engines: Sequence[Server]) -> None:
+    for engine in engines:
+        if engine not in REAL:
+            procs.stop(engine)
+
+
+def drained(engine: Server, timeout_s: float = 180.0) -> None:
+    """Until the engine's own metrics show nothing running or waiting (vLLM)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        busy = 0.0
+        for line in harness.http_get_text(f"{engine.url}/metrics").splitlines():
+            if line.startswith(("vllm:num_requests_running", "vllm:num_requests_waiting{")):
+                busy += float(line.rpartition(" ")[2])
+        if busy == 0:
+            return
+        time.sleep(0.5)
+    harness.log(f"{engine.name}: still busy after {timeout_s:.0f}s")
+
+
+@contextlib.contextmanager
+def real_engines(kind: str, count: int, log_dir: Path) -> Iterator[None]:
+    """`count` real vLLM engines (vLLM's CPU build from .venv-engines, the test tier's tiny
+    model, one core each, a context of 8,192 tokens) for the whole script."""
+    from tests.real.engines import built_model, vllm_engine
+
+    if kind != "vllm":
+        raise SystemExit(f"--engine {kind}: only sim and vllm are supported")
+    model = built_model()
+    with contextlib.ExitStack() as stack:
+        for core in range(count):
+            engine = stack.enter_context(
+                vllm_engine(model, log_dir, served_name=MODEL, core=core, max_model_len=8192)
+            )
+            harness.log(f"vllm{core}: {engine.url}, /health after {engine.started_s:.0f}s")
+            REAL.append(Server(f"vllm{core}", engine.proc, engine.url, engine.log))
+        try:
+            yield
+        finally:
+            REAL.clear()
 
 
 def fleet_and_router(
@@ -314,8 +373,7 @@ def run_once(
         summary = bench(procs, router, tag, rate, requests, args)
     after = scrape(router)
     procs.stop(router)
-    for sim in sims:
-        procs.stop(sim)
+    stop_fleet(procs, sims)
     run = Run(
         policy,
         level,
@@ -378,8 +436,7 @@ def run_step(
         raise failures[0]
     after = scrape(router)
     procs.stop(router)
-    for sim in sims:
-        procs.stop(sim)
+    stop_fleet(procs, sims)
     first = [r for r in phases["high"].records if r["start_s"] < ONSET_S]
     admitted = [r for r in first if r["admission"] == "admitted"]
     onset = {
@@ -423,8 +480,7 @@ def measured_capacity(procs: Processes, args: argparse.Namespace) -> float:
         timeout_s=1000.0,
         work_dir=procs.log_dir,
     )
-    for sim in sims:
-        procs.stop(sim)
+    stop_fleet(procs, sims)
     capacity = float(run.summary["requests_per_s"])
     harness.log(f"capacity measured ({DISCIPLINE[0]}): {capacity:.2f} req/s")
     return capacity
@@ -523,8 +579,7 @@ def heterogeneous(procs: Processes, capacity: float, args: argparse.Namespace) -
     summary = bench(procs, router, "hetero", rate, args.requests, args)
     served = {name: _engine_requests(sim) - before[name] for name, sim, _ in named}
     procs.stop(router)
-    for sim in sims:
-        procs.stop(sim)
+    stop_fleet(procs, sims)
     result = {"rate": rate, "summary": summary, "served": served}
     harness.log(f"heterogeneous: served {served}")
     return result
@@ -581,8 +636,7 @@ def drift(procs: Processes, args: argparse.Namespace) -> dict[str, Any]:
     )
     sample()
     procs.stop(router)
-    for sim in sims:
-        procs.stop(sim)
+    stop_fleet(procs, sims)
     return {"drift_after_s": after, "samples": samples}
 
 
@@ -690,6 +744,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         help=f"also, per policy: {STEP_LOW:g}x for {STEP_LOW_S:g} s, then {STEP_HIGH:g}x",
     )
     parser.add_argument("--policies", default=",".join(POLICIES), help="which to run")
+    parser.add_argument(
+        "--engine",
+        choices=("sim", "vllm"),
+        default="sim",
+        help="the fleet: narwhal sim, or real vLLM (CPU build, from .venv-engines: "
+        "scripts/install_engines.sh) serving the test tier's tiny model, one core each",
+    )
+    parser.add_argument("--prompts", default=PROMPTS, help="bench --prompt-tokens range")
+    parser.add_argument("--outputs", default=OUTPUTS, help="bench --max-tokens range")
     parser.add_argument("--quick", action="store_true", help="fewer requests, levels 1,2")
     parser.add_argument("--json", metavar="OUT")
     parser.add_argument("--plot", metavar="DIR")
@@ -702,12 +765,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     policies = args.policies.split(",")
     STEP_BUDGET[0] = args.step_budget
     DISCIPLINE[0] = args.discipline
+    ENGINE[0] = args.engine
+    if args.engine != "sim":
+        args.skip_extra = True  # the heterogeneous and drift runs are sim faults
     if args.capacity is None:
-        args.capacity = "model" if args.discipline == "chunked" else "measured"
+        chunked = args.discipline == "chunked" and args.engine == "sim"
+        args.capacity = "model" if chunked else "measured"
     started = time.monotonic()
     revision = harness.narwhal_revision()
     runs: list[Run] = []
-    with Processes(keep_logs=args.keep_logs) as procs:
+    with Processes(keep_logs=args.keep_logs) as procs, contextlib.ExitStack() as stack:
+        if args.engine != "sim":
+            stack.enter_context(real_engines(args.engine, args.engines, procs.log_dir))
         if args.capacity == "measured":
             capacity = measured_capacity(procs, args)
         else:
@@ -736,7 +805,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     print(
         f"\n## Admission under overload: {args.engines} sims (both roles, time-scale 1), "
-        f"prompts {PROMPTS} tokens, outputs {OUTPUTS} (ignore_eos), Poisson arrivals, "
+        f"prompts {args.prompts} tokens, outputs {args.outputs} (ignore_eos), Poisson arrivals, "
         f"{args.requests} requests per run, TTFT budget {args.budget:g} s, "
         f"step budget {args.step_budget} tokens, prefill discipline {args.discipline}"
     )

@@ -8,7 +8,6 @@ import time
 from typing import Any
 
 import aiohttp
-import pytest
 
 from tests.e2e.conftest import send
 from tests.processes import NarwhalProcess, router_process
@@ -77,7 +76,6 @@ async def test_the_engines_prefix_cache_hits_reach_admin_engines(vllm: EnginePro
         assert cache["blocks"] > 0 and cache["placed_prompt_tokens"] > 0
 
 
-@pytest.mark.xfail(strict=True, reason="step13-profiling")
 async def test_an_engine_at_max_model_len_2048_is_profiled_and_placed(
     vllm: EngineProcess,
 ) -> None:

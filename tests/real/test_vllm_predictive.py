@@ -120,7 +120,6 @@ async def _count(engine: EngineProcess, prompt: str) -> int:
             return int((await resp.json())["count"])
 
 
-@pytest.mark.xfail(strict=True, reason="step13-wire")
 async def test_the_prompt_alone_429_tells_clients_not_to_retry(
     vllm_long: EngineProcess,
 ) -> None:

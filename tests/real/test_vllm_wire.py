@@ -1,6 +1,6 @@
 """Wire fidelity with a real vLLM (issue 22, item 5): what vLLM answers directly, a client
-gets through Narwhal too. Marked `step13-wire` where the router does not do so yet; the
-marks go when the router's fix lands (strict: a mark on a passing test fails)."""
+gets through Narwhal too, or a clear 400 before any engine work where Narwhal refuses
+what it does not serve (a list of several prompts)."""
 
 from __future__ import annotations
 
@@ -17,10 +17,7 @@ from tests.real.test_vllm_relay import both, completion
 
 pytestmark = VLLM_GROUP
 
-WIRE = pytest.mark.xfail(strict=True, reason="step13-wire")
 
-
-@WIRE
 async def test_echo_keeps_the_prompt_text(vllm: EngineProcess, router: NarwhalProcess) -> None:
     direct, routed = await both(vllm, router, completion("Once upon a time", echo=True))
     text = routed.json()["choices"][0]["text"]
@@ -28,7 +25,6 @@ async def test_echo_keeps_the_prompt_text(vllm: EngineProcess, router: NarwhalPr
     assert text == direct.json()["choices"][0]["text"]
 
 
-@WIRE
 async def test_prompt_logprobs_without_streaming_are_answered(
     vllm: EngineProcess, router: NarwhalProcess
 ) -> None:
@@ -40,26 +36,31 @@ async def test_prompt_logprobs_without_streaming_are_answered(
     assert routed.json()["usage"] == direct.json()["usage"]
 
 
-@WIRE
-async def test_a_list_of_prompts_is_served_as_vllm_serves_it(
+async def test_a_list_of_prompts_is_refused_naming_prompt_before_any_engine_work(
     vllm: EngineProcess, router: NarwhalProcess
 ) -> None:
+    """vLLM serves a list of prompts as one choice each; Narwhal refuses it with a 400
+    naming `prompt` (the issue's other allowed answer), never a 502 blamed on the
+    engines; a list of one, and a flat list of token IDs, are one prompt and served."""
     prompts = ["Hello there", "Once upon a time", "The quick brown fox"]
-    direct, routed = await both(vllm, router, completion(prompts, max_tokens=6))
-    choices = routed.json()["choices"]
-    assert [c["index"] for c in choices] == [0, 1, 2]
-    expected = direct.json()["choices"]
-    assert [c["text"] for c in choices] == [c["text"] for c in expected]
-    usage, summed = routed.json()["usage"], direct.json()["usage"]
-    assert (usage["prompt_tokens"], usage["completion_tokens"]) == (
-        summed["prompt_tokens"],
-        summed["completion_tokens"],
-    )
+    before = _completions_seen(vllm)
     values = await metrics_of(router.url)
+    invalid = values.get('narwhal_outcomes_total{outcome="invalid"}', 0)
+    reply = await send(router.url, completion(prompts, max_tokens=6))
+    assert reply.status == 400, reply.raw
+    error = reply.json()["error"]
+    assert error["param"] == "prompt" and error["type"] == "invalid_request_error"
+    assert _completions_seen(vllm) == before
+    values = await metrics_of(router.url)
+    assert values.get('narwhal_outcomes_total{outcome="invalid"}', 0) == invalid + 1
     assert values.get('narwhal_outcomes_total{outcome="upstream_error"}', 0) == 0
+    direct, routed = await both(vllm, router, completion(["Hello there"], max_tokens=6))
+    assert (
+        routed.status == 200
+        and routed.json()["choices"][0]["text"] == (direct.json()["choices"][0]["text"])
+    )
 
 
-@WIRE
 @pytest.mark.parametrize(
     "fields",
     [{"max_tokens": 5000}, {"prompt_logprobs": 1, "stream": True}],
@@ -76,14 +77,12 @@ async def test_an_engine_400_keeps_its_param(
     assert param in fields and routed.json()["error"]["param"] == param
 
 
-@WIRE
 async def test_models_carries_the_engines_max_model_len(router: NarwhalProcess) -> None:
     reply = await _get(router.url + "/v1/models")
     (model,) = reply["data"]
     assert model["id"] == MODEL and model["max_model_len"] == MAX_MODEL_LEN
 
 
-@WIRE
 async def test_a_prompt_over_the_context_is_400_before_any_engine_work(
     vllm: EngineProcess, router: NarwhalProcess
 ) -> None:
