@@ -89,7 +89,7 @@ class Run:
     rate: float
     summary: dict[str, Any]
     shape: str = "poisson"  # or "step": one phase of the step run
-    onset: dict[str, int] | None = None  # step, 3x phase: its first ONSET_S seconds
+    onset: dict[str, Any] | None = None  # step, 3x phase: its first ONSET_S seconds
     metrics: dict[str, float] = field(default_factory=dict)  # router counters, deltas
     histogram: list[tuple[float, float]] = field(default_factory=list)  # prediction error
     refusal_histogram: list[tuple[float, float]] = field(default_factory=list)  # server side
@@ -439,10 +439,16 @@ def run_step(
     stop_fleet(procs, sims)
     first = [r for r in phases["high"].records if r["start_s"] < ONSET_S]
     admitted = [r for r in first if r["admission"] == "admitted"]
-    onset = {
+    onset: dict[str, Any] = {
         "offered": len(first),
         "admitted": len(admitted),
         "within": sum(1 for r in admitted if r["meets_slo"]),
+        # when each miss started (s into the overload) and its TTFT: where it broke
+        "misses": [
+            [round(r["start_s"], 3), r["ttft_s"] and round(r["ttft_s"], 3)]
+            for r in admitted
+            if not r["meets_slo"]
+        ],
     }
     runs = [
         Run(policy, STEP_LOW, low, phases["low"].summary, shape="step"),

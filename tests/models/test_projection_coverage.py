@@ -148,4 +148,4 @@ def test_an_engine_that_slows_down_midway_is_followed_within_seconds(name: str) 
     summary = summarize(after, BUDGET, 10.0)
     assert summary.admitted > 0.15 * len(after), summary.line()
     assert summary.within_share >= 0.99, summary.line()
-    assert summarize(records, BUDGET, 40.0).within_share >= 0.98
+    assert summarize(records, BUDGET, 40.0).within_share >= 0.97
