@@ -19,8 +19,8 @@ MODEL = "narwhal-tiny"
 VLLM_GROUP = pytest.mark.xdist_group("real-vllm")
 # The engine's context, as common on small GPUs: what the profile's probes must fit.
 MAX_MODEL_LEN = 2048
-# A context that today's profile probes fit (their "2,048 tokens" are about 8,000 of this
-# model's), for the tests of predictive admission that need a profiled engine.
+# A second engine's longer context, for the predictive tests whose prompts are long (a
+# prompt-alone refusal wants prompts the short context would turn away as too long).
 LONG_MAX_MODEL_LEN = 8192
 
 
