@@ -87,7 +87,7 @@ class AdmissionConfig(Struct, frozen=True, forbid_unknown_fields=True, kw_only=T
     phase_concurrency: PhaseConcurrency = PhaseConcurrency()
     # Predictive, without `tokenizer:`: how long a decision that the estimate's error could
     # flip waits for an engine's own count (then it is taken on the estimate); 0: never.
-    sizing_wait_s: NonNegativeSeconds = 0.05
+    sizing_wait_s: NonNegativeSeconds = 0.02
 
 
 class EngineConfig(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):

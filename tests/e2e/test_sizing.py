@@ -6,7 +6,7 @@ of prefill); a fresh router's estimate has its wide default bounds (0.3-1.5 time
 estimate), since no engine has counted anything yet; once engines have counted enough
 prompts the bounds are what they showed (for the sim, whose counts are the estimate's,
 the estimate itself). The slow sim answers `/tokenize` two seconds late, as the engine of
-the issue did under a burst; the router's wait is set longer than its 50 ms default so
+the issue did under a burst; the router's wait is set longer than its 20 ms default so
 that a request that waited shows it in its latency.
 """
 

@@ -33,7 +33,10 @@ from narwhal.models.profile import ProfileError
 from narwhal.sizing.remote import TOKENIZE_PATHS
 
 MAX_ROUNDS: Final = 4  # tokenize round trips per probe text
-TOKENIZE_TIMEOUT_S: Final = 5.0
+# A count comes in milliseconds from an engine that is not swamped; one that takes longer
+# is sized by estimate for the rest of the run (checked against its usage), so that a slow
+# tokenize endpoint cannot hold profiling for minutes.
+TOKENIZE_TIMEOUT_S: Final = 1.0
 _PREFIX: Final = "Narwhal profile"
 # One token each in the simulator's tokenizer and in common BPE vocabularies.
 _WORDS: Final = (
