@@ -365,8 +365,8 @@ class Dispatcher:
         try:
             if self._check is not None:
                 await self._settle_size(request, context, ticket, self._check)
-                if context.prompt_size is not None and context.prompt_size.settled:
-                    self._check_context_length(request, context)  # now on the exact count
+                if context.prompt_size is not None and context.prompt_size.source == "engine":
+                    self._check_context_length(request, context)  # now on the engine's count
                 now = time.monotonic()
                 projection = self._check.check(
                     ticket.request,
@@ -446,14 +446,14 @@ class Dispatcher:
 
     def _check_context_length(self, request: CompletionRequest, context: RequestContext) -> None:
         """The 400 for a request that cannot fit the engines' context, before any work.
-        A prompt whose count is not exact is held to the least the engines' count can be:
-        the low end of its calibrated bounds, or for a plain estimate (open mode) the
-        least calibration ever takes it to, MIN_RATIO of it."""
+        A prompt whose count is not exact (not the tokenizer's, not an engine's) is held to
+        the least the engines' count can be: the low end of its calibrated bounds, or for a
+        plain estimate (open mode) the least calibration ever takes it to, MIN_RATIO of it."""
         limit = self.registry.max_model_len()
         if limit is None:
             return
         size = context.prompt_size
-        if size is None or size.settled:
+        if size is None or size.source in ("local", "engine"):
             check_context_length(request, least=context.prompt_tokens, exact=True, limit=limit)
             return
         if size.source == "estimate":

@@ -348,13 +348,18 @@ async def test_a_request_beyond_the_context_is_400_before_any_engine(
 
 
 async def test_an_estimate_that_may_fit_goes_to_the_engine(
-    router: NarwhalProcess, arrivals: Path
+    sim: NarwhalProcess, arrivals: Path
 ) -> None:
-    """About 2,000 estimated tokens at a 1,024 context: the estimate's error bound says it
-    may fit, so the engine, which counts exactly, answers (its own 400 here)."""
-    books = await Books.open(router, arrivals)
-    reply = await send(router.url, completion(" word" * 2000, max_tokens=4))
-    assert reply.status == 400
-    error = reply.json()["error"]
-    assert error["code"] is None and error["message"].startswith("The engine refused")
-    assert books.engine_requests(arrivals) == 1
+    """About 2,000 estimated tokens at a 1,024 context, on a router that has not learned
+    how its estimates compare with the engine's counts (bounds 0.3-1.5 until it has): the
+    estimate's error bound says it may fit, so the engine, which counts exactly, answers
+    (its own 400 here). Once the bounds are learned (the module's router, whose sim counts
+    as the estimate does), the same prompt is refused before any engine work."""
+    config = fleet_config([("v0", sim, "vllm")], fleet={"max_attempts": 2})
+    with router_process(config) as fresh:
+        books = await Books.open(fresh, arrivals)
+        reply = await send(fresh.url, completion(" word" * 2000, max_tokens=4))
+        assert reply.status == 400
+        error = reply.json()["error"]
+        assert error["code"] is None and error["message"].startswith("The engine refused")
+        assert books.engine_requests(arrivals) == 1
