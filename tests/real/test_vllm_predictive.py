@@ -18,7 +18,7 @@ from tests.e2e.conftest import metrics_of, send, settle
 from tests.processes import NarwhalProcess, router_process
 from tests.real.conftest import LONG_MAX_MODEL_LEN, MODEL, VLLM_GROUP, vllm_config
 from tests.real.engines import EngineProcess
-from tests.real.test_vllm_fleet import engine_report
+from tests.real.test_vllm_fleet import engine_report, report_until
 from tests.real.test_vllm_relay import chat, completion
 
 pytestmark = VLLM_GROUP
@@ -43,7 +43,9 @@ def router(vllm_long: EngineProcess) -> Iterator[NarwhalProcess]:
 
 
 async def test_the_engine_is_profiled_from_its_token_ids(router: NarwhalProcess) -> None:
-    report = await engine_report(router)
+    report = await report_until(
+        router, lambda r: r["profiling"]["state"] not in ("unprofiled", "profiling"), 60.0
+    )
     assert report["monitoring"]["max_model_len"] == LONG_MAX_MODEL_LEN
     assert report["profiling"]["state"] == "profiled", report["profiling"]
     assert report["eligible"] is True and report["state"] == "up"
@@ -75,7 +77,9 @@ async def test_a_burst_beyond_capacity_is_refused_early_with_ttft_budget_exceede
     # A budget of about four such prefills alone, by the profile's own fit: one prompt is
     # well within it, the whole burst far beyond it (on a loaded machine as on an idle one).
     tokens = await _count(vllm_long, prompts[0])
-    prefill = (await engine_report(router))["profile"]["prefill_s"]
+    # (profiled before the router listens, or soon after on a loaded machine)
+    report = await report_until(router, lambda r: r["profile"] is not None, timeout=60.0)
+    prefill = report["profile"]["prefill_s"]
     alone = prefill["base"] + prefill["per_1k_tokens"] * tokens / 1000
     alone += prefill["per_1k_tokens_squared"] * (tokens / 1000) ** 2
     budget = round(max(4 * alone, 0.05), 3)
