@@ -11,12 +11,13 @@ from typing import Any
 import pytest
 
 from tests.processes import NarwhalProcess, router_process
-from tests.real.engines import EngineProcess, built_model, vllm_engine
+from tests.real.engines import TEST_TIMEOUT_S, EngineProcess, built_model, vllm_engine
 
 MODEL = "narwhal-tiny"
 # The vLLM modules' `pytestmark`: under `--dist loadgroup` they run on one worker, in order,
 # so the session's engines start once.
-VLLM_GROUP = pytest.mark.xdist_group("real-vllm")
+# pytest-timeout's limit covers the setup too, which may start an engine.
+VLLM_GROUP = [pytest.mark.xdist_group("real-vllm"), pytest.mark.timeout(TEST_TIMEOUT_S)]
 # The engine's context, as common on small GPUs: what the profile's probes must fit.
 MAX_MODEL_LEN = 2048
 # A context that today's profile probes fit (their "2,048 tokens" are about 8,000 of this
