@@ -177,7 +177,8 @@ async def _engines(router: NarwhalProcess, profiled: bool) -> list[dict[str, Any
         while True:
             async with session.get(router.url + "/admin/engines") as response:
                 engines: list[dict[str, Any]] = (await response.json())["engines"]
-            done = all(e["profiling"]["state"] == "profiled" for e in engines)
-            if not profiled or done or loop.time() > deadline:
+            if not profiled or loop.time() > deadline:
+                return engines
+            if all(e["profiling"]["state"] == "profiled" for e in engines):
                 return engines
             await asyncio.sleep(0.1)
