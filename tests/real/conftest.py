@@ -1,6 +1,6 @@
 """Fixtures for the real-engine tier: the tiny model, one real vLLM for the whole session
 (it takes 20-60 s to start, so every vLLM module shares it: they are one xdist group,
-`VLLM_GROUP`, which one worker owns), and routers in front of it as real processes."""
+`VLLM_MARKS`, which one worker owns), and routers in front of it as real processes."""
 
 from __future__ import annotations
 
@@ -15,9 +15,8 @@ from tests.real.engines import TEST_TIMEOUT_S, EngineProcess, built_model, vllm_
 
 MODEL = "narwhal-tiny"
 # The vLLM modules' `pytestmark`: under `--dist loadgroup` they run on one worker, in order,
-# so the session's engines start once.
-# pytest-timeout's limit covers the setup too, which may start an engine.
-VLLM_GROUP = [pytest.mark.xdist_group("real-vllm"), pytest.mark.timeout(TEST_TIMEOUT_S)]
+# so the session's engines start once; pytest-timeout's limit covers a setup that starts one.
+VLLM_MARKS = [pytest.mark.xdist_group("real-vllm"), pytest.mark.timeout(TEST_TIMEOUT_S)]
 # The engine's context, as common on small GPUs: what the profile's probes must fit.
 MAX_MODEL_LEN = 2048
 # A context that today's profile probes fit (their "2,048 tokens" are about 8,000 of this

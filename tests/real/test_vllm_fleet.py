@@ -12,11 +12,11 @@ import pytest
 
 from tests.e2e.conftest import send
 from tests.processes import NarwhalProcess, router_process
-from tests.real.conftest import MAX_MODEL_LEN, VLLM_GROUP, vllm_config
+from tests.real.conftest import MAX_MODEL_LEN, VLLM_MARKS, vllm_config
 from tests.real.engines import EngineProcess
 from tests.real.test_vllm_relay import completion
 
-pytestmark = VLLM_GROUP
+pytestmark = VLLM_MARKS
 
 
 async def engine_report(router: NarwhalProcess) -> dict[str, Any]:

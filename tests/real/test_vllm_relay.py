@@ -14,10 +14,10 @@ import pytest
 
 from tests.e2e.conftest import Reply, send
 from tests.processes import NarwhalProcess
-from tests.real.conftest import MODEL, VLLM_GROUP
+from tests.real.conftest import MODEL, VLLM_MARKS
 from tests.real.engines import EngineProcess
 
-pytestmark = VLLM_GROUP
+pytestmark = VLLM_MARKS
 
 TOOLS = [
     {
