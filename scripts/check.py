@@ -61,7 +61,7 @@ def pytest_runs(args: list[str]) -> list[list[str]]:
     workers = os.environ.get("NARWHAL_TEST_WORKERS", "4")
     return [
         ["-n", workers, "--dist", "loadgroup", "-m", "not alone", *args],
-        ["-p", "no:xdist", "-m", "alone", *args],
+        ["-n", "0", "-m", "alone", *args],
     ]
 
 
