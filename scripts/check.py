@@ -2,8 +2,10 @@
 
 pytest runs in parallel processes (pytest-xdist, `--dist loadgroup`: each real-engine
 group of tests stays on one worker, which owns its engines), NARWHAL_TEST_WORKERS of them
-(default 4: most tests wait on sockets and timers, not on the two cores); arguments that
-choose the workers themselves (-n, -p no:xdist) are left alone.
+(default 4: most tests wait on sockets and timers, not on the two cores), then the tests
+marked `alone` (they measure their own wall-clock timing) in one process with nothing
+beside them. Arguments that choose the workers or marks themselves (-n, -p no:xdist, -m)
+make it one pytest run, as given.
 
 With --install-engines first (scripts/test passes it), scripts/install_engines.sh runs in
 the background meanwhile, its output in .venv-engines.log, so the engines' install overlaps
@@ -49,12 +51,32 @@ def wait_engines_install(install: subprocess.Popen[bytes], started: float) -> No
     print("\n".join(lines[-30:]), flush=True)
 
 
-def pytest_args(args: list[str]) -> list[str]:
+def pytest_runs(args: list[str]) -> list[list[str]]:
+    """The pytest runs for `args`: the tests in parallel workers, then those marked `alone`
+    (they time themselves) in this process; one run as given when the arguments choose the
+    workers or the marks themselves."""
     chooses_workers = any(a == "-n" or a.startswith(("-n", "--numprocesses")) for a in args)
-    if chooses_workers or "no:xdist" in args:
-        return args
+    if chooses_workers or "no:xdist" in args or any(a.startswith("-m") for a in args):
+        return [args]
     workers = os.environ.get("NARWHAL_TEST_WORKERS", "4")
-    return ["-n", workers, "--dist", "loadgroup", *args]
+    return [
+        ["-n", workers, "--dist", "loadgroup", "-m", "not alone", *args],
+        ["-n", "0", "-m", "alone", *args],
+    ]
+
+
+def run_pytest(args: list[str]) -> None:
+    """Each run in turn; a run that selected no test (exit 5) is fine while another ran some."""
+    codes = []
+    for run_args in pytest_runs(args):
+        cmd = ["pytest", *run_args]
+        print("+", " ".join(cmd), flush=True)
+        codes.append(subprocess.call([sys.executable, "-m", *cmd]))
+    failed = [c for c in codes if c not in (0, 5)]
+    if failed:
+        sys.exit(failed[0])
+    if all(c == 5 for c in codes):
+        sys.exit(5)
 
 
 args = sys.argv[1:]
@@ -68,4 +90,4 @@ run("ruff", "format", "--check", "src", "tests", "scripts")
 run("mypy")
 if install is not None:
     wait_engines_install(install, started)
-run("pytest", *pytest_args(args))
+run_pytest(args)

@@ -24,6 +24,9 @@ from tests.processes import narwhal_process
 
 MODEL = "narwhal-sim"
 SLOW_CALLBACK_S = 0.25
+# A callback's wall-clock time is what is measured: tests running beside these in other
+# processes (xdist workers, real engines) would lengthen it, so they run alone.
+pytestmark = pytest.mark.alone
 
 
 async def _serve_router(config: Config) -> tuple[web.AppRunner, str]:

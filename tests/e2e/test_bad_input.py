@@ -840,6 +840,9 @@ def _peak_rss_mib(pid: int) -> float:
     raise AssertionError("no VmHWM")
 
 
+# Twelve megabyte bodies, each read and parsed within the router's 3 s request deadline:
+# beside other test processes on two cores, one has missed it (a 504).
+@pytest.mark.alone
 def test_megabyte_bodies_of_nested_arrays_do_not_balloon_the_router(router: Router) -> None:
     budget = 1_048_576 - 200
     deep = b"[" * 120 + b"]" * 120

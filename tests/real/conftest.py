@@ -1,6 +1,6 @@
 """Fixtures for the real-engine tier: the tiny model, one real vLLM for the whole session
 (it takes 20-60 s to start, so every vLLM module shares it: they are one xdist group,
-`VLLM_GROUP`, which one worker owns), and routers in front of it as real processes."""
+`VLLM_MARKS`, which one worker owns), and routers in front of it as real processes."""
 
 from __future__ import annotations
 
@@ -11,12 +11,12 @@ from typing import Any
 import pytest
 
 from tests.processes import NarwhalProcess, router_process
-from tests.real.engines import EngineProcess, built_model, vllm_engine
+from tests.real.engines import TEST_TIMEOUT_S, EngineProcess, built_model, vllm_engine
 
 MODEL = "narwhal-tiny"
 # The vLLM modules' `pytestmark`: under `--dist loadgroup` they run on one worker, in order,
-# so the session's engines start once.
-VLLM_GROUP = pytest.mark.xdist_group("real-vllm")
+# so the session's engines start once; pytest-timeout's limit covers a setup that starts one.
+VLLM_MARKS = [pytest.mark.xdist_group("real-vllm"), pytest.mark.timeout(TEST_TIMEOUT_S)]
 # The engine's context, as common on small GPUs: what the profile's probes must fit.
 MAX_MODEL_LEN = 2048
 # A second engine's longer context, for the predictive tests whose prompts are long (a

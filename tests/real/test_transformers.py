@@ -14,12 +14,12 @@ import pytest
 
 from tests.e2e.conftest import metrics_of, send, settle
 from tests.processes import NarwhalProcess, router_process
-from tests.real.engines import EngineProcess, transformers_engine
+from tests.real.engines import TEST_TIMEOUT_S, EngineProcess, transformers_engine
 from tests.real.test_vllm_fleet import engine_report
 from tests.real.test_vllm_relay import finish, text_of
 
 # Its own worker under `--dist loadgroup`: the module's engines start once, beside vLLM's.
-pytestmark = pytest.mark.xdist_group("real-transformers")
+pytestmark = [pytest.mark.xdist_group("real-transformers"), pytest.mark.timeout(TEST_TIMEOUT_S)]
 
 
 @pytest.fixture(scope="module", params=[False, True], ids=["batching-off", "batching-on"])

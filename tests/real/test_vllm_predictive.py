@@ -16,12 +16,12 @@ import pytest
 
 from tests.e2e.conftest import metrics_of, send, settle
 from tests.processes import NarwhalProcess, router_process
-from tests.real.conftest import LONG_MAX_MODEL_LEN, MODEL, VLLM_GROUP, vllm_config
+from tests.real.conftest import LONG_MAX_MODEL_LEN, MODEL, VLLM_MARKS, vllm_config
 from tests.real.engines import EngineProcess
 from tests.real.test_vllm_fleet import report_until
 from tests.real.test_vllm_relay import chat, completion
 
-pytestmark = VLLM_GROUP
+pytestmark = VLLM_MARKS
 
 # About 9 tokens each in the test model's tokenizer (words it was not trained on).
 FILLER = " year woman"

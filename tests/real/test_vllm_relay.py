@@ -14,10 +14,10 @@ import pytest
 
 from tests.e2e.conftest import Reply, send
 from tests.processes import NarwhalProcess
-from tests.real.conftest import MODEL, VLLM_GROUP
+from tests.real.conftest import MODEL, VLLM_MARKS
 from tests.real.engines import EngineProcess
 
-pytestmark = VLLM_GROUP
+pytestmark = VLLM_MARKS
 
 TOOLS = [
     {
@@ -178,6 +178,56 @@ async def test_a_tool_call_through_the_hermes_parser(
     calls = _tool_calls(routed)
     assert calls == _tool_calls(direct)
     assert calls == [("get_weather", {"city": "Paris", "unit": "c"})]
+
+
+FORCED = pytest.mark.parametrize(
+    "tool_choice",
+    [{"type": "function", "function": {"name": "get_weather"}}, "required"],
+    ids=["named", "required"],
+)
+
+
+@FORCED
+async def test_a_forced_tool_choice_is_assembled_from_vllms_stream(
+    vllm: EngineProcess, router: NarwhalProcess, tool_choice: Any
+) -> None:
+    """vLLM serves a named or required tool choice by guided decoding and streams it as
+    tool-call deltas; Narwhal, which always streams from the engine, answers a whole request
+    with those calls assembled (name and arguments as vLLM streamed them)."""
+    body = chat("Weather?", max_tokens=60, tools=TOOLS, tool_choice=tool_choice)
+    streamed = await send(vllm.url, {**body, "stream": True})
+    routed = await send(router.url, body)
+    assert routed.status == 200, routed.raw
+    assert finish(routed) == finish(streamed)
+    calls = _tool_calls(streamed)
+    assert calls and calls[0][0] == "get_weather"
+    assert [(name, json.loads(args)) for name, args in _raw_tool_calls(routed)] == calls
+
+
+@FORCED
+@pytest.mark.xfail(
+    strict=True,
+    reason="vllm-stream-vs-whole: vLLM's whole answer to a forced tool choice differs from "
+    "its stream (content '' where the stream has null; 'required' cut at max_tokens comes "
+    "whole as raw text, streamed as tool calls), and Narwhal assembles the stream",
+)
+async def test_a_forced_tool_choice_is_answered_as_vllm_answers_it_whole(
+    vllm: EngineProcess, router: NarwhalProcess, tool_choice: Any
+) -> None:
+    body = chat("Weather?", max_tokens=60, tools=TOOLS, tool_choice=tool_choice)
+    direct, routed = await both(vllm, router, body)
+    assert finish(routed) == finish(direct)
+    message = routed.json()["choices"][0]["message"]
+    assert message["content"] == direct.json()["choices"][0]["message"]["content"]
+    assert _raw_tool_calls(routed) == _raw_tool_calls(direct)
+
+
+def _raw_tool_calls(reply: Reply) -> list[tuple[str, str]]:
+    """(name, arguments as sent) of each tool call of a whole answer."""
+    message = reply.json()["choices"][0]["message"]
+    return [
+        (c["function"]["name"], c["function"]["arguments"]) for c in message.get("tool_calls") or []
+    ]
 
 
 def _regex(literal: str) -> str:

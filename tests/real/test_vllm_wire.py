@@ -11,11 +11,11 @@ import pytest
 
 from tests.e2e.conftest import metrics_of, send
 from tests.processes import NarwhalProcess
-from tests.real.conftest import MAX_MODEL_LEN, MODEL, VLLM_GROUP
+from tests.real.conftest import MAX_MODEL_LEN, MODEL, VLLM_MARKS
 from tests.real.engines import EngineProcess
 from tests.real.test_vllm_relay import both, completion
 
-pytestmark = VLLM_GROUP
+pytestmark = VLLM_MARKS
 
 
 async def test_echo_keeps_the_prompt_text(vllm: EngineProcess, router: NarwhalProcess) -> None:
