@@ -26,7 +26,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import math
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, replace
@@ -74,7 +73,6 @@ from narwhal.scheduler.registry import EngineRegistry
 from narwhal.scheduler.scheduler import Plan, Scheduler
 from narwhal.sizing import PromptSize
 from narwhal.sizing.bounds import context_fit, needs_engine_count
-from narwhal.sizing.calibration import MIN_RATIO
 from narwhal.state import RouterState
 from narwhal.tracing import ADMISSION_WAIT, DECODE, NO_SPAN, PLACEMENT, PREFILL, Span
 
@@ -447,8 +445,8 @@ class Dispatcher:
     def _check_context_length(self, request: CompletionRequest, context: RequestContext) -> None:
         """The 400 for a request that cannot fit the engines' context, before any work.
         A prompt whose count is not exact (not the tokenizer's, not an engine's) is held to
-        the least the engines' count can be: the low end of its calibrated bounds, or for a
-        plain estimate (open mode) the least calibration ever takes it to, MIN_RATIO of it."""
+        the least the engines' count can be: the low end of its estimate's bounds, as the
+        engines' usage has taught them (wide until it has)."""
         limit = self.registry.max_model_len()
         if limit is None:
             return
@@ -456,11 +454,7 @@ class Dispatcher:
         if size is None or size.source in ("local", "engine"):
             check_context_length(request, least=context.prompt_tokens, exact=True, limit=limit)
             return
-        if size.source == "estimate":
-            estimated = size.tokens if size.estimated is None else size.estimated
-            least = max(1, math.ceil(MIN_RATIO * estimated))
-        else:
-            least = max(1, size.low)
+        least = max(1, size.low)
         check_context_length(request, least=least, exact=False, limit=limit)
 
     def release(self, ticket: Ticket) -> None:

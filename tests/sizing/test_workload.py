@@ -22,7 +22,7 @@ from narwhal.sizing import (
     TokenizeCandidate,
     WorkloadSizer,
 )
-from narwhal.sizing.calibration import DEFAULT_BOUNDS, MIN_SAMPLES, EstimateCalibration
+from narwhal.sizing.calibration import DEFAULT_BOUNDS, MIN_SAMPLES
 from tests.sizing.tokenize_server import TokenizeServer
 
 MODEL = "m"
@@ -149,19 +149,21 @@ async def test_engine_count_waits_a_bounded_time_and_its_late_answer_still_count
 async def test_open_mode_is_todays_local_sizing_whatever_it_is_given(
     session: aiohttp.ClientSession, tokenize_server: TokenizeServer
 ) -> None:
+    """Open admission sizes by the estimate, value for value, and asks no engine; the
+    bounds around it (for the context check alone) follow the engines' usage."""
     local = PromptSizer()
-    learned = EstimateCalibration()
-    learned.observe("chat", 100, 300)
-    sizer = WorkloadSizer(
-        local, engine(session, tokenize_server.url), use_engine=False, calibration=learned
-    )
+    sizer = WorkloadSizer(local, engine(session, tokenize_server.url), use_engine=False)
     assert not sizer.calibrating
-    request, size = chat("Sized here, as before.")
+    request, size = chat("Sized here, as before, and long enough to teach the bounds too.")
     first = await sizer.size(request, size)
-    assert first == PromptSize.exact(local(request), "estimate", local(request))
+    estimated = local(request)
+    assert (first.tokens, first.source, first.estimated) == (estimated, "estimate", estimated)
+    assert first.low < estimated < first.high  # wide before any usage was seen
     for _ in range(50):
         sizer.observe_engine_prompt_tokens("chat", first, 3 * first.tokens)
-    assert await sizer.size(request, size) == first  # no calibration either
+    again = await sizer.size(request, size)
+    assert again.tokens == estimated  # no calibration of the size itself
+    assert again.high >= 2 * estimated  # but the engines count three times as many
     assert (await sizer.engine_count("chat", first, 1.0)).source == "fallback"
     await asyncio.sleep(0.01)
     assert tokenize_server.bodies == []

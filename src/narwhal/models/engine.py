@@ -197,7 +197,8 @@ class EngineModel:
         self.first_step_fit.reset(profile.first_step)
         self.prefill_drift.reset()
         self.tpot_drift.reset()
-        self.throughput.reset(*_per_token(profile))
+        alpha, beta, gamma = _per_token(profile)
+        self.throughput.reset(alpha, beta, _per_prompt(profile, alpha, gamma))
         self.calibration.reset()
         # What the probes sent together showed of how many requests it serves at once.
         one_at_a_time = profile.prefill_discipline == "one_at_a_time"
@@ -571,6 +572,18 @@ def _per_token(profile: Profile) -> tuple[float, float, float]:
     more per 100 sequences decoding, and seconds per prompt (its intercept)."""
     a, b, _, e = profile.prefill
     return max(MIN_PREFILL_S, b) / 1000.0, max(0.0, e) / 1000.0, max(0.0, a)
+
+
+def _per_prompt(profile: Profile, alpha: float, alone: float) -> float:
+    """Seconds each prompt adds beyond its tokens when several wait: what the prompts
+    sent together showed (their last first token less their tokens' time, shared among
+    them: a batching engine pays a step's fixed cost once for all), else the intercept of a
+    prompt alone, `alone` (an engine that prefills one at a time pays it for each)."""
+    times, tokens = profile.concurrent_first_token_s, profile.concurrent_prompt_tokens
+    if not times or not tokens:
+        return alone
+    together = (max(times) - len(times) * tokens * alpha) / len(times)
+    return min(alone, max(0.0, together))
 
 
 def _clipped(measured: float, expected: float) -> float:

@@ -273,6 +273,12 @@ def fit_profile(
     xs = [s.prompt_tokens / 1000.0 for s in samples]
     ys = [s.ttft_s for s in samples]
     a, b = _line(xs, ys)
+    # A longer prompt is never free: where noise on a loaded host flattened the line (the
+    # long probe no slower than the short ones), a token costs at least a quarter of what
+    # the longest probe took per token, intercept and all.
+    longest = max(samples, key=lambda s: s.prompt_tokens)
+    if longest.prompt_tokens > 0:
+        b = max(b, 0.25 * longest.ttft_s / (longest.prompt_tokens / 1000.0))
     tpots = [s.tpot_s for s in samples if s.tpot_s is not None]
     if not tpots:
         raise ProfileError("no probe streamed its output token by token (no TPOT)")

@@ -119,8 +119,13 @@ class WorkloadSizer:
         if self._local.exact:
             return PromptSize.exact(await self._count_here(request, body_bytes), "local")
         if not self._use_engine:
+            # Open admission sizes by the estimate, value for value; its bounds, learned
+            # from the engines' usage, are for the context check alone.
             estimated = await self._count_here(request, body_bytes)
-            return PromptSize.exact(estimated, "estimate", estimated)
+            _, low, high = self._calibration.interval(request.route, estimated)
+            return PromptSize(
+                estimated, min(low, estimated), max(high, estimated), "estimate", estimated
+            )
         remote = self._remote
         query = None
         if remote is not None and body_bytes <= _ENGINE_MAX_BODY_BYTES:
@@ -167,7 +172,7 @@ class WorkloadSizer:
         """After a request: the engine's `usage.prompt_tokens` for a prompt sized as `size`.
         Only estimates teach the calibration; exact counts have nothing to correct, and an
         engine's answer to tokenize has taught it already."""
-        if size.source in ("calibrated", "fallback") and size.estimated is not None:
+        if size.source in ("calibrated", "fallback", "estimate") and size.estimated is not None:
             self._calibration.observe(route, size.estimated, engine_count)
 
     def calibration(self, route: Route) -> float:
