@@ -112,7 +112,7 @@ def test_projection_over_the_budget_is_429_with_the_rounded_overrun(
 
 def test_time_already_spent_counts_against_the_budget() -> None:
     check, registry, _ = fleet("both", budget=1.0)
-    backlog(registry, "e0", 0.35)  # upper = (0.35 + 0.06 + 0.1) x 1.5 - 0.1 = 0.665
+    backlog(registry, "e0", 0.45)  # upper = (0.45 + 0.06 + 0.1) x 1.3 - 0.1 = 0.693
     assert check.check(request(1000), arrived=-0.25, now=0.0, queued=0) is not None
     with pytest.raises(TtftBudgetExceeded):  # sizing took 0.35 s: 0.65 s are left
         check.check(request(1000), arrived=-0.35, now=0.0, queued=0)

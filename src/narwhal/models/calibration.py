@@ -43,7 +43,7 @@ from typing import Final
 
 from narwhal.models.histogram import DecayedHistogram
 
-PRIOR_MARGIN: Final = 1.5  # a new engine's bound, before its projections have been seen
+PRIOR_MARGIN: Final = 1.3  # a new engine's bound, before its projections have been seen
 _CLASSES: Final = (0.2, 0.5)  # class edges, in shares of the budget
 _OWN: Final = 60  # samples from which a class's own distribution is read
 _FIRM: Final = 400  # samples after which a histogram alone says the bound

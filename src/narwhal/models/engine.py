@@ -576,14 +576,15 @@ def _per_token(profile: Profile) -> tuple[float, float, float]:
 
 def _per_prompt(profile: Profile, alpha: float, alone: float) -> float:
     """Seconds each prompt adds beyond its tokens when several wait: what the prompts
-    sent together showed (their last first token less their tokens' time, shared among
-    them: a batching engine pays a step's fixed cost once for all), else the intercept of a
-    prompt alone, `alone` (an engine that prefills one at a time pays it for each)."""
+    sent together showed (each one after the first added its tokens and this: a batching
+    engine pays a step's fixed cost once for all of them), else the intercept of a prompt
+    alone, `alone` (an engine that prefills one at a time pays it for each)."""
     times, tokens = profile.concurrent_first_token_s, profile.concurrent_prompt_tokens
-    if not times or not tokens:
+    if len(times) < 2 or not tokens:
         return alone
-    together = (max(times) - len(times) * tokens * alpha) / len(times)
-    return min(alone, max(0.0, together))
+    first = dot(profile.prefill, prefill_features(tokens, 0.0))  # one of them alone
+    each = (max(times) - first) / (len(times) - 1) - tokens * alpha
+    return min(alone, max(0.0, each))
 
 
 def _clipped(measured: float, expected: float) -> float:
