@@ -651,12 +651,21 @@ class Dispatcher:
         self, ticket: Ticket, plan: Plan, attempt: int, deadline: float
     ) -> FirstEventLimit:
         """The attempt's first-event limit: configured, else derived from the projection
-        (the first attempt goes where admission projected it), else from what the engine
-        has been seen to take (`engines/timeouts.py`)."""
+        (the first attempt goes where admission projected it, when a retry could go
+        elsewhere), else from what the engine has been seen to take (`engines/timeouts.py`).
+        Without another placement to retry on, giving up early would only turn a late
+        answer into an error (a loaded host stalls an engine for a second or two): the
+        attempt then gets the generous limit."""
         times = self._first_event_times
+        excluded = ticket.excluded
+        elsewhere = (
+            attempt < self._config.fleet.max_attempts
+            and self.scheduler.could_place(excluded | {plan.first.name})
+            and self.scheduler.could_place(excluded | {plan.decode.name})
+        )
         seconds = first_event_timeout(
             self._config.fleet.first_event_timeout_s,
-            projected_s=ticket.projected_upper if attempt == 1 else None,
+            projected_s=ticket.projected_upper if attempt == 1 and elsewhere else None,
             observed_s=times.bound(plan.decode.name),
             budget_s=self._config.admission.ttft_target_s,
             backoff=max(times.backoff(plan.first.name), times.backoff(plan.decode.name)),
