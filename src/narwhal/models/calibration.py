@@ -30,7 +30,9 @@ measurement that lowers it).
 Before `_FIRM` samples a bound cannot be read from a histogram alone (the 99.5th
 percentile of 20 samples is their maximum, and says little): it is the larger of the
 histogram's value and a prior margin that fades as samples come (`prior` at none, 1 at
-`_FIRM`), so a new engine is admitted cautiously and not forever.
+`_FIRM`), so a new engine is admitted cautiously and not forever; and the histogram's
+value is read at a quantile that leaves out the largest sample until the quantile lies
+between samples (400 of them at 99.5%), so that one outlier does not set the bound.
 
 Quantiles are read lazily, every `_REFRESH` samples of a histogram: O(1) per projection.
 """
@@ -78,7 +80,11 @@ class _Errors:
             return
         self._since = 0
         median = histogram.quantile(0.5)
-        upper = histogram.quantile(quantile)
+        # Over few samples the quantile is their largest: one request a host stall held
+        # for a second would set every bound for the next hundreds. Until there are enough
+        # for the quantile to lie between samples, the second largest stands for it (the
+        # prior covers the few).
+        upper = histogram.quantile(min(quantile, 1.0 - 2.0 / max(4, histogram.samples)))
         if median is None or upper is None:
             return
         # A prior that fades linearly over the first _FIRM samples.
