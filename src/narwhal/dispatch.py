@@ -657,15 +657,18 @@ class Dispatcher:
         answer into an error (a loaded host stalls an engine for a second or two): the
         attempt then gets the generous limit."""
         times = self._first_event_times
-        excluded = ticket.excluded
-        elsewhere = (
-            attempt < self._config.fleet.max_attempts
-            and self.scheduler.could_place(excluded | {plan.first.name})
-            and self.scheduler.could_place(excluded | {plan.decode.name})
-        )
+        projected = ticket.projected_upper if attempt == 1 else None
+        if projected is not None:
+            excluded = ticket.excluded
+            elsewhere = (
+                attempt < self._config.fleet.max_attempts
+                and self.scheduler.could_place(excluded | {plan.first.name})
+                and self.scheduler.could_place(excluded | {plan.decode.name})
+            )
+            projected = projected if elsewhere else None
         seconds = first_event_timeout(
             self._config.fleet.first_event_timeout_s,
-            projected_s=ticket.projected_upper if attempt == 1 and elsewhere else None,
+            projected_s=projected,
             observed_s=times.bound(plan.decode.name),
             budget_s=self._config.admission.ttft_target_s,
             backoff=max(times.backoff(plan.first.name), times.backoff(plan.decode.name)),

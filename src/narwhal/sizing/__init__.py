@@ -53,6 +53,11 @@ _ENGINE_MAX_BODY_BYTES: Final = 256 * 1024
 # engine, in the background, so they follow a change that no admitted request shows.
 _SAMPLE_EVERY: Final = 64
 
+# Open admission: after this many prompts in the bounds' window, it learns from one in
+# _OPEN_EVERY (the relay's per-request cost).
+_OPEN_FULL: Final = 512
+_OPEN_EVERY: Final = 8
+
 
 @dataclass(frozen=True, slots=True)
 class PromptSize:
@@ -98,6 +103,7 @@ class WorkloadSizer:
         # Requests by the source of the size their admission acted on (`count`).
         self.sizes: collections.Counter[Source] = collections.Counter({s: 0 for s in SOURCES})
         self._since_sampled = 0
+        self._open_seen = 0
         self._sampling = False
         self._tasks: set[asyncio.Task[Any]] = set()
 
@@ -173,6 +179,12 @@ class WorkloadSizer:
         Only estimates teach the calibration; exact counts have nothing to correct, and an
         engine's answer to tokenize has taught it already."""
         if size.source in ("calibrated", "fallback", "estimate") and size.estimated is not None:
+            if size.source == "estimate" and self._calibration.samples(route) >= _OPEN_FULL:
+                # Open admission uses the bounds for the context check alone: once they
+                # rest on a full window, one request in _OPEN_EVERY keeps them current.
+                self._open_seen += 1
+                if self._open_seen % _OPEN_EVERY:
+                    return
             self._calibration.observe(route, size.estimated, engine_count)
 
     def calibration(self, route: Route) -> float:
