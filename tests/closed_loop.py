@@ -59,6 +59,26 @@ from narwhal.sim.options import SimOptions
 
 Policy = Literal["predictive", "open", "queue"]
 SCRAPE_EVERY_S = 1.0
+# The engines the projection is measured against (tests and scripts/perf/projection.py):
+# the sim's prefill disciplines, and a chunked engine shaped like vLLM's CPU build on a
+# tiny model (2,048-token steps, fast prefill, cheap decode).
+PROMPTS = (256, 4096)
+OUTPUTS = (32, 256)
+_BASE = SimOptions()
+DISCIPLINES: dict[str, SimOptions] = {
+    "chunked-8192": _BASE,
+    "chunked-2048": replace(_BASE, max_num_batched_tokens=2048),
+    "chunked-cpu": replace(
+        _BASE,
+        max_num_batched_tokens=2048,
+        prefill_tokens_per_s=60_000,
+        decode_base_ms=1.5,
+        decode_per_seq_ms=0.3,
+    ),
+    "serial": replace(_BASE, prefill_discipline="serial"),
+    "sglang": replace(_BASE, prefill_discipline="sglang"),
+    "sequential": replace(_BASE, prefill_discipline="sequential"),
+}
 
 
 def make_engine(options: SimOptions) -> sim_model.Scheduler:

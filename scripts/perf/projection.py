@@ -23,7 +23,6 @@ p50/p99 of the admitted, and the share whose TTFT exceeded the projection's boun
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import math
 import sys
@@ -34,25 +33,17 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from narwhal.sim.options import SimOptions
-from tests.closed_loop import ClosedLoop, Record, capacity, poisson
+from tests.closed_loop import (
+    DISCIPLINES,
+    OUTPUTS,
+    PROMPTS,
+    ClosedLoop,
+    Record,
+    capacity,
+    poisson,
+)
 
-PROMPTS = (256, 4096)
-OUTPUTS = (32, 256)
-BASE = SimOptions()
-ENGINES: dict[str, SimOptions] = {
-    "chunked-8192": BASE,
-    "chunked-2048": dataclasses.replace(BASE, max_num_batched_tokens=2048),
-    "chunked-cpu": dataclasses.replace(
-        BASE,
-        max_num_batched_tokens=2048,
-        prefill_tokens_per_s=60_000,
-        decode_base_ms=1.5,
-        decode_per_seq_ms=0.3,
-    ),
-    "serial": dataclasses.replace(BASE, prefill_discipline="serial"),
-    "sglang": dataclasses.replace(BASE, prefill_discipline="sglang"),
-    "sequential": dataclasses.replace(BASE, prefill_discipline="sequential"),
-}
+ENGINES = DISCIPLINES
 LEVELS: tuple[float | str, ...] = (0.5, 1.0, 2.0, 3.0, "step")
 CLASSES = ((0, 1024, "short"), (1024, 2048, "medium"), (2048, 1 << 30, "long"))
 QUEUE_PREFILL = 4  # prompts in flight under the queue policy (a step's worth)

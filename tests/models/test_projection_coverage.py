@@ -12,32 +12,25 @@ refused; and goodput at 3x no lower than 90% of goodput at 1x.
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Final
 
 import pytest
 
-from narwhal.sim.options import SimOptions
-from tests.closed_loop import ClosedLoop, Record, capacity, poisson, summarize
+from tests.closed_loop import (
+    DISCIPLINES,
+    OUTPUTS,
+    PROMPTS,
+    ClosedLoop,
+    Record,
+    capacity,
+    poisson,
+    summarize,
+)
 
-PROMPTS: Final = (256, 4096)
-OUTPUTS: Final = (32, 256)
 BUDGET: Final = 1.0
-BASE: Final = SimOptions()
-ENGINES: Final = {
-    "chunked-8192": BASE,
-    "chunked-2048": dataclasses.replace(BASE, max_num_batched_tokens=2048),
-    # vLLM's CPU build on a tiny model: 2,048-token steps, fast prefill, cheap decode
-    "chunked-cpu": dataclasses.replace(
-        BASE,
-        max_num_batched_tokens=2048,
-        prefill_tokens_per_s=60_000,
-        decode_base_ms=1.5,
-        decode_per_seq_ms=0.3,
-    ),
-    "serial": dataclasses.replace(BASE, prefill_discipline="serial"),
-    "sglang": dataclasses.replace(BASE, prefill_discipline="sglang"),
-}
+BASE: Final = DISCIPLINES["chunked-8192"]
+# (sequential has a test of its own: its capacity is a request and a half a second)
+ENGINES: Final = {name: options for name, options in DISCIPLINES.items() if name != "sequential"}
 _capacities: dict[str, float] = {}
 
 
@@ -104,7 +97,7 @@ def test_an_engine_without_continuous_batching_is_held_to_its_one_request_at_a_t
     more than a percent, and the calibration, which leaves out its largest sample while
     it has few (one host stall must not set every bound), is at its least certain: 95%
     asked, 96% measured at this seed."""
-    options = dataclasses.replace(BASE, prefill_discipline="sequential")
+    options = DISCIPLINES["sequential"]
     rate = capacity(options, PROMPTS, OUTPUTS)
     loop = ClosedLoop([options], budget=BUDGET)
     loop.profile()
