@@ -61,9 +61,17 @@ async def test_the_engine_is_profiled_from_its_token_ids(router: NarwhalProcess)
 async def test_prompts_are_sized_by_the_engines_tokenize(
     vllm_long: EngineProcess, router: NarwhalProcess
 ) -> None:
+    """Without `tokenizer:`, the router's estimate is calibrated by the engine's counts: a
+    prompt long enough to teach its bounds is counted by vLLM's /tokenize, in the
+    background (no decision waits for it unless its bounds could flip it)."""
     before = seen(vllm_long, "/tokenize")
-    reply = await send(router.url, chat("A prompt that the router sizes before admitting it."))
+    prompt = "A prompt that the router sizes before admitting it, " * 4
+    reply = await send(router.url, chat(prompt))
     assert reply.status == 200, reply.raw
+    for _ in range(100):  # up to 10 s
+        if seen(vllm_long, "/tokenize") > before:
+            break
+        await asyncio.sleep(0.1)
     assert seen(vllm_long, "/tokenize") > before
 
 
