@@ -2,7 +2,8 @@
 
 pytest runs in parallel processes (pytest-xdist, `--dist loadgroup`: each real-engine
 group of tests stays on one worker, which owns its engines), NARWHAL_TEST_WORKERS of them
-(default 4: most tests wait on sockets and timers, not on the two cores), then the tests
+(default 3: most tests wait on sockets and timers, not on the two cores; a fourth, beside
+a real vLLM, slowed the machine enough to make timing-bound tests flake), then the tests
 marked `alone` (they measure their own wall-clock timing) in one process with nothing
 beside them. Arguments that choose the workers or marks themselves (-n, -p no:xdist, -m)
 make it one pytest run, as given.
@@ -58,7 +59,7 @@ def pytest_runs(args: list[str]) -> list[list[str]]:
     chooses_workers = any(a == "-n" or a.startswith(("-n", "--numprocesses")) for a in args)
     if chooses_workers or "no:xdist" in args or any(a.startswith("-m") for a in args):
         return [args]
-    workers = os.environ.get("NARWHAL_TEST_WORKERS", "4")
+    workers = os.environ.get("NARWHAL_TEST_WORKERS", "3")
     return [
         ["-n", workers, "--dist", "loadgroup", "-m", "not alone", *args],
         ["-n", "0", "-m", "alone", *args],

@@ -51,9 +51,12 @@ PLACEHOLDER_SECRET = "placeholder-secret-for-the-readme-test"
 BLOCKS = [block for path in DOCUMENTS for block in fenced_blocks(path)]
 
 
-# One xdist worker runs the whole module, in order (`--dist loadgroup`): the snippets it runs use
-# the README's fixed ports (8000, 8101, ...), one at a time.
-pytestmark = pytest.mark.xdist_group("test_readme")
+# The snippets use the README's fixed ports (8000, 8101, ...), one at a time, and their bench
+# runs are a new user's first sight of predictive admission: run after the parallel tests,
+# with nothing beside them, as a user's machine would (on a machine the xdist workers and a
+# real vLLM keep busy, the embedded sims are slower than their profile and the router
+# rightly refuses part of a burst, which the snippets must not show).
+pytestmark = pytest.mark.alone
 
 
 def _kind(block: Block) -> str | None:

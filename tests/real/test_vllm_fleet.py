@@ -52,7 +52,7 @@ async def test_admin_engines_shows_the_scraped_running_and_waiting_counts(
     stop = asyncio.Event()
 
     async def keep_busy() -> list[Any]:
-        body = completion("Hello there", max_tokens=600, ignore_eos=True)
+        body = completion("Hello there", max_tokens=1500, ignore_eos=True)
         replies = []
         while not stop.is_set():
             replies.append(await send(router.url, body, timeout=120))
@@ -60,13 +60,13 @@ async def test_admin_engines_shows_the_scraped_running_and_waiting_counts(
 
     busy_engine = asyncio.create_task(keep_busy())
     try:
-        busy = await report_until(router, lambda r: scraped(r).get("running") == 1, 60)
+        busy = await report_until(router, lambda r: (scraped(r).get("running") or 0) >= 1, 60)
         assert 0 <= scraped(busy)["kv_usage"] <= 1
     finally:
         stop.set()
         replies = await busy_engine
     assert [r.status for r in replies] == [200] * len(replies)
-    assert {r.json()["usage"]["completion_tokens"] for r in replies} == {600}
+    assert {r.json()["usage"]["completion_tokens"] for r in replies} == {1500}
     await report_until(router, lambda r: scraped(r).get("running") == 0, 30)
 
 

@@ -114,6 +114,8 @@ async def test_a_prompt_alone_over_the_budget_is_refused_before_the_engine(
     vllm_long: EngineProcess,
 ) -> None:
     with router_process(predictive(vllm_long, ttft_target_s=0.001)) as router:
+        # (profiled before the router listens, or soon after on a loaded machine)
+        await report_until(router, lambda r: r["profile"] is not None, timeout=60.0)
         before = seen(vllm_long, "/v1/completions")
         reply = await send(router.url, completion(FILLER * 600, max_tokens=2))
         assert reply.status == 429, reply.raw
