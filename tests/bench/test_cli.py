@@ -121,6 +121,7 @@ ADMISSION_LINES = [
 ]
 
 
+@pytest.mark.alone  # its attainment is TTFTs against a 0.25 s SLO: wall-clock bound
 def test_admission_refusals_over_a_sweep(
     engine_url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
