@@ -24,7 +24,6 @@ goes silent after it fails the attempt (or, after headers, ends the stream).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
@@ -49,12 +48,12 @@ from narwhal.engines.timeouts import (
 )
 from narwhal.errors import (
     BackendUnavailable,
-    Outcome,
     RouterUnavailable,
     TerminalExpiry,
     UpstreamError,
 )
 from narwhal.fleet.monitor import FleetMonitor
+from narwhal.lease import Assembled, AttemptTrace, RequestContext, Served, StreamLease
 from narwhal.metrics import RouterMetrics
 from narwhal.models.lengths import OutputLengths
 from narwhal.protocol.assembly import Assembler
@@ -74,10 +73,9 @@ from narwhal.scheduler.scheduler import Plan, Scheduler
 from narwhal.sizing import PromptSize
 from narwhal.sizing.bounds import context_fit, needs_engine_count
 from narwhal.state import RouterState
-from narwhal.tracing import ADMISSION_WAIT, DECODE, NO_SPAN, PLACEMENT, PREFILL, Span
+from narwhal.tracing import ADMISSION_WAIT, DECODE, PLACEMENT, PREFILL, Span
 
 log = logging.getLogger(__name__)
-_DRAIN_TIMEOUT_S = 1.0
 # A non-streaming answer is whole at the engine's [DONE]. The end of the body follows at
 # once (often in a packet of its own: without waiting for it a quarter of the connections
 # to a vLLM-like engine were not reused); an engine that keeps its body open delays the
@@ -90,135 +88,6 @@ _RETRYABLE = (EngineUnavailable, EngineError, EngineOutputError, TruncatedStream
 # (route, the prompt's size, how long to wait) -> an engine's count, or the size marked
 # "fallback" (`WorkloadSizer.engine_count`).
 EngineCount = Callable[[Route, PromptSize, float], Awaitable[PromptSize]]
-
-
-@dataclass(frozen=True, slots=True)
-class Served:
-    """The answer the client got: its tokens (as counted in narwhal_*_tokens_total) and
-    its time to first token (arrival to the first output token), if it had one."""
-
-    prompt_tokens: int
-    completion_tokens: int
-    ttft_s: float | None
-
-
-@dataclass(slots=True)
-class RequestContext:
-    """What the front learned of a request besides its body, and what the dispatcher
-    tells it back for the request's access line (`engines`, `served`)."""
-
-    request_id: str
-    arrived: float  # time.monotonic() when the request arrived
-    deadline: float  # time.monotonic() by which it must be done
-    prompt_tokens: int  # workload sizing
-    authorization: str | None = None  # the client's Authorization header
-    prompt_size: PromptSize | None = None  # how the prompt was sized
-    span: Span = NO_SPAN  # the request's span; its phases' spans are children (tracing.py)
-    engines: tuple[str, ...] = ()  # where its last attempt was placed
-    served: Served | None = None  # set once an answer has gone (or is going) to the client
-    upstream_timeout: TimeoutPhase | None = None  # the last phase timeout that ended an attempt
-
-
-@dataclass(frozen=True, slots=True)
-class Assembled:
-    """A non-streaming answer, whole; everything it held is released already."""
-
-    body: dict[str, Any]
-
-
-class StreamLease:
-    """A streaming answer whose first events are in hand and validated (so the status is
-    200 from here on). The api relays `first` and then the rest of `stream` until
-    `deadline` (loop time), and calls `finish(outcome)` exactly once, in `finally`: that
-    closes the engine stream, accounts its output and frees the request's slots."""
-
-    __slots__ = (
-        "_dispatcher",
-        "_finished",
-        "_ticket",
-        "_trace",
-        "context",
-        "deadline",
-        "first",
-        "stream",
-    )
-
-    def __init__(
-        self,
-        dispatcher: Dispatcher,
-        ticket: Ticket,
-        context: RequestContext,
-        stream: EngineStream,
-        first: bytes,
-        deadline: float,
-        trace: _AttemptTrace,
-    ) -> None:
-        self._dispatcher = dispatcher
-        self._ticket = ticket
-        self._trace = trace
-        self._finished = False
-        self.context = context
-        self.stream = stream
-        self.first = first
-        self.deadline = deadline
-
-    @property
-    def shutdown(self) -> Drain:
-        """The shutdown's drain deadline, which may end the stream before `deadline`."""
-        return self._dispatcher.drain
-
-    async def drain(self) -> None:
-        """After a complete relay: read the end of the engine's body (usually in hand
-        already), so its connection goes back to the pool."""
-        stream = self.stream
-        if stream.done and not stream.at_eof():
-            with contextlib.suppress(OSError, TimeoutError):
-                async with asyncio.timeout(_DRAIN_TIMEOUT_S):
-                    await stream.drain()
-
-    def finish(self, outcome: Outcome) -> None:
-        if self._finished:
-            return
-        self._finished = True
-        dispatcher = self._dispatcher
-        metrics = dispatcher.metrics
-        if outcome == "expired":
-            ended_by_drain = dispatcher.drain.cut_short(self.deadline)
-            metrics.expired.labels("shutdown" if ended_by_drain else "deadline_streaming").inc()
-        elif outcome == "upstream_error":
-            metrics.engine_series(self.stream.engine_name).failures["after_headers"].inc()
-        if self.stream.timed_out is not None:
-            dispatcher.timed_out(self.stream.engine_name, self.stream.timed_out, self.context)
-        try:
-            dispatcher.end_attempt(self.stream, self.context)
-            dispatcher.count_served(self.stream, self.context, streamed=True)
-        finally:
-            if outcome in ("upstream_error", "expired"):
-                self._trace.fail(f"the stream ended {outcome} after the response started")
-            self._trace.end(self.stream)
-            dispatcher.release(self._ticket)  # whatever accounting did (a bug is raised on)
-
-
-@dataclass(slots=True)
-class _AttemptTrace:
-    """One attempt's open spans: its placement, and its decode request once made (a
-    stream's outlives the attempt: its lease ends it)."""
-
-    placement: Span
-    decode: Span | None = None
-
-    def fail(self, description: str) -> None:
-        self.placement.fail(description)
-        if self.decode is not None:
-            self.decode.fail(description)
-
-    def end(self, stream: EngineStream | None) -> None:
-        decode = self.decode
-        if decode is not None:
-            if stream is not None and decode.recording:
-                decode.set({"narwhal.completion_tokens": stream.tracker.output_tokens()[0]})
-            decode.end()
-        self.placement.end()
 
 
 def _addresses_of(url: str) -> list[str]:
@@ -544,7 +413,7 @@ class Dispatcher:
         placement = context.span.child(
             PLACEMENT, {"narwhal.attempt": attempt, "narwhal.engines": plan.engine_names}
         )
-        trace = _AttemptTrace(placement)
+        trace = AttemptTrace(placement)
         started = time.monotonic()
         first_event = self._first_event_limit(ticket, plan, attempt, deadline)
         try:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from narwhal.dispatch import Assembled, RequestContext, StreamLease
+from narwhal.lease import Assembled, RequestContext, StreamLease
 from narwhal.protocol.requests import CompletionRequest
 
 
