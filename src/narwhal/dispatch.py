@@ -26,13 +26,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass, replace
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
 from narwhal.admission.gate import AdmissionGate, Unplaceable
 from narwhal.admission.predictive import PredictiveCheck
+from narwhal.admission.prompt import EngineCount, PromptAdmission
 from narwhal.admission.queue import Ticket
 from narwhal.config import Config
 from narwhal.drain import Drain
@@ -57,7 +58,6 @@ from narwhal.lease import Assembled, AttemptTrace, RequestContext, Served, Strea
 from narwhal.metrics import RouterMetrics
 from narwhal.models.lengths import OutputLengths
 from narwhal.protocol.assembly import Assembler
-from narwhal.protocol.context import check_context_length
 from narwhal.protocol.echo import echo_text, echoes, engine_token_ids
 from narwhal.protocol.events import EngineError, EngineOutputError
 from narwhal.protocol.exposure import Exposure
@@ -67,11 +67,9 @@ from narwhal.protocol.tracker import OutputTracker
 from narwhal.protocol.unstreamed import relay_answer, unstreamed_field
 from narwhal.protocol.upstream import CHOICES, upstream_body
 from narwhal.protocol.usage import usage_tokens
-from narwhal.scheduler.placement import PlacementRequest
 from narwhal.scheduler.registry import EngineRegistry
 from narwhal.scheduler.scheduler import Plan, Scheduler
 from narwhal.sizing import PromptSize
-from narwhal.sizing.bounds import context_fit, needs_engine_count
 from narwhal.state import RouterState
 from narwhal.tracing import ADMISSION_WAIT, DECODE, PLACEMENT, PREFILL, Span
 
@@ -83,11 +81,6 @@ log = logging.getLogger(__name__)
 _DONE_GRACE_S = 0.01
 # Failures another placement may not repeat: engine down, engine error, bad output.
 _RETRYABLE = (EngineUnavailable, EngineError, EngineOutputError, TruncatedStream)
-
-
-# (route, the prompt's size, how long to wait) -> an engine's count, or the size marked
-# "fallback" (`WorkloadSizer.engine_count`).
-EngineCount = Callable[[Route, PromptSize, float], Awaitable[PromptSize]]
 
 
 def _addresses_of(url: str) -> list[str]:
@@ -147,10 +140,11 @@ class Dispatcher:
         self._clients = clients
         self.state = state
         self.monitor = monitor
-        self._check = check
         self._lengths = lengths
         self._prompt_counted = prompt_counted
-        self._engine_count = engine_count
+        self.prompts = PromptAdmission(
+            config, registry, scheduler, check=check, lengths=lengths, engine_count=engine_count
+        )
         self._addresses: list[tuple[str, str]] = []
         self._first_event_times = FirstEventTimes()
         self.reconfigure(config)
@@ -160,6 +154,7 @@ class Dispatcher:
         """Serve by `config` from now on (a reload): limits, attempts, engine names. A
         request in flight keeps the engines it was placed on."""
         self._config = config
+        self.prompts.config = config
         metrics = self.metrics
         for engine in config.engines:  # every engine's series from the start: zeros, not gaps
             metrics.engine_series(engine.name)
@@ -223,108 +218,21 @@ class Dispatcher:
         self._check_state()
         if not self.scheduler.has_path():
             raise BackendUnavailable("No placement-eligible engine serves this request.")
-        self._check_context_length(request, context)
+        self.prompts.check_context_length(request, context)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + (context.deadline - time.monotonic())
         self.gate.hold()
-        ticket = Ticket(self._placement_request(request, context))
+        ticket = Ticket(self.prompts.placement_request(request, context))
         leased = False
         try:
-            if self._check is not None:
-                await self._settle_size(request, context, ticket, self._check)
-                if context.prompt_size is not None and context.prompt_size.source == "engine":
-                    self._check_context_length(request, context)  # now on the engine's count
-                now = time.monotonic()
-                projection = self._check.check(
-                    ticket.request,
-                    arrived=context.arrived,
-                    now=now,
-                    queued=len(self.gate.controller.queue),
-                )
-                if projection is not None:
-                    ticket.projected_ttft = projection.raw
-                    ticket.projected_upper = projection.upper
-                    ticket.checked_at = now
+            queued = self.gate.controller.queue
+            await self.prompts.check_budget(request, context, ticket, lambda: len(queued))
             result = await self._attempts(request, context, ticket, deadline)
             leased = isinstance(result, StreamLease)
             return result
         finally:
             if not leased:
                 self.release(ticket)
-
-    async def _settle_size(
-        self,
-        request: CompletionRequest,
-        context: RequestContext,
-        ticket: Ticket,
-        check: PredictiveCheck,
-    ) -> None:
-        """An estimated prompt whose bounds could change the check's verdict (or whether
-        it fits the context) waits, bounded, for an engine's count; the ticket is then
-        sized by it. Any other request goes on at once, sized as it is."""
-        size = context.prompt_size
-        if size is None or size.settled or self._engine_count is None:
-            return
-        placement = ticket.request
-        now = time.monotonic()
-        queued = len(self.gate.controller.queue)
-        context_len = self.registry.max_model_len()
-
-        def verdict(tokens: int) -> tuple[str, bool]:
-            sized = replace(placement, prompt_tokens=tokens)
-            return (
-                check.verdict(sized, arrived=context.arrived, now=now, queued=queued),
-                context_fit(tokens, request.max_tokens, context_len),
-            )
-
-        if not needs_engine_count(size, verdict):
-            return
-        wait_s = self._config.admission.sizing_wait_s
-        counted = await self._engine_count(request.route, size, wait_s)
-        context.prompt_size = counted
-        if counted.tokens != context.prompt_tokens:
-            context.prompt_tokens = counted.tokens
-            ticket.request = self._placement_request(request, context)
-
-    def _placement_request(
-        self, request: CompletionRequest, context: RequestContext
-    ) -> PlacementRequest:
-        lengths = self._lengths
-        prefix = self.scheduler.prefix
-        blocks = None if prefix is None else prefix.blocks_of(request)
-        if lengths is None:
-            sized = PlacementRequest.sized(request.route, context.prompt_tokens, request.max_tokens)
-            return sized if blocks is None else replace(sized, prefix=blocks)
-        budget = self._config.admission.ttft_target_s
-        cap = request.max_tokens
-        context_len = self.registry.max_model_len()
-        if context_len is not None:
-            # The output cannot run past the model's context, whatever max_tokens says.
-            room = max(1, context_len - context.prompt_tokens)
-            cap = room if cap is None else min(cap, room)
-        return PlacementRequest(
-            route=request.route,
-            prompt_tokens=context.prompt_tokens,
-            max_tokens=cap,
-            predicted_output=lengths.predict(request.route, context.prompt_tokens, cap),
-            ttft_due=context.arrived + budget,
-            prefix=blocks,
-        )
-
-    def _check_context_length(self, request: CompletionRequest, context: RequestContext) -> None:
-        """The 400 for a request that cannot fit the engines' context, before any work.
-        A prompt whose count is not exact (not the tokenizer's, not an engine's) is held to
-        the least the engines' count can be: the low end of its estimate's bounds, as the
-        engines' usage has taught them (wide until it has)."""
-        limit = self.registry.max_model_len()
-        if limit is None:
-            return
-        size = context.prompt_size
-        if size is None or size.source in ("local", "engine"):
-            check_context_length(request, least=context.prompt_tokens, exact=True, limit=limit)
-            return
-        least = max(1, size.low)
-        check_context_length(request, least=least, exact=False, limit=limit)
 
     def release(self, ticket: Ticket) -> None:
         """The request is over: its slots, placement and retention go back."""

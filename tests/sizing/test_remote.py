@@ -215,7 +215,8 @@ async def test_bad_answers_fall_back_and_are_counted_by_kind(
     session: aiohttp.ClientSession, tokenize_server: TokenizeServer, behaviour: str, kind: str
 ) -> None:
     tokenize_server.behaviour = behaviour
-    tokenizer = tokenizer_for(session, ("e", tokenize_server.url, "vllm"))
+    # (a time-out long enough for a megabyte on a loaded machine: time-outs are not this test's)
+    tokenizer = tokenizer_for(session, ("e", tokenize_server.url, "vllm"), timeout_s=5.0)
     assert await tokenizer.count(chat()) is None
     assert await tokenizer.count(chat()) is None  # failures are not cached, nor marked
     assert dict(tokenizer.failures) == {kind: 2}
