@@ -74,6 +74,8 @@ DISCIPLINES = ("chunked", "serial", "sglang", "sequential")  # narwhal sim's
 # The step: STEP_LOW x capacity for STEP_LOW_S seconds, then STEP_HIGH x; its target is
 # about the requests of the overload's first ONSET_S seconds.
 STEP_LOW, STEP_HIGH, STEP_LOW_S, ONSET_S = 0.2, 3.0, 10.0, 10.0
+# The step's benches start this long before the low phase, and wait for their instant.
+STEP_LEAD_S = 5.0
 # Closed-loop requests in flight per engine when capacity is measured: enough that an
 # engine is bound by its prefill, whatever its discipline. A serial engine gives each
 # decoding request one token per prompt it prefills, so its requests stay in it long:
@@ -261,7 +263,10 @@ def bench_run(
     warmup: int | None = None,
     duration: float | None = None,
     keep_requests: bool = False,
+    lead_s: float = 0.0,
 ) -> harness.BenchRun:
+    """`lead_s`: how long the bench waits before its stage (`--start-at`), added to the
+    time it is given."""
     load = ["--rate", f"{rate:.3f}"] if rate is not None else ["-c", str(concurrency or 64)]
     if duration is None:
         duration = (1.5 * requests / rate + 60) if rate else 600.0
@@ -273,7 +278,7 @@ def bench_run(
         watch=[router],
         router=router,
         warmup=args.warmup if warmup is None else warmup,
-        timeout_s=duration + 400,
+        timeout_s=duration + lead_s + 400,
         work_dir=procs.log_dir,
         keep_requests=keep_requests,
     )
@@ -398,11 +403,11 @@ def run_step(
 ) -> list[Run]:
     """The onset of overload: STEP_LOW x capacity for STEP_LOW_S s, then STEP_HIGH x.
 
-    Two open-loop benches against one router: the low phase stops starting requests
-    after STEP_LOW_S (those in flight run on), and the high phase is started STEP_LOW_S
-    after it. A warm-up goes first, so that neither phase has one and both start
-    sending as soon as their process is up: the step lands on time within the
-    difference of two process start-ups. One Run per phase; the high phase's `onset`
+    Two open-loop benches against one router, both started (and warmed) beforehand and
+    each holding its first request until its instant (`narwhal bench --start-at`): the
+    low phase at t0, the high phase at t0 + STEP_LOW_S. No process start-up lands on the
+    step, whose instant is exact. The low phase stops starting requests after
+    STEP_LOW_S (those in flight run on). One Run per phase; the high phase's `onset`
     counts its first ONSET_S seconds' requests: offered, admitted, admitted within budget.
     """
     tag = f"{policy}-step-{time.monotonic_ns() % 10**6}"
@@ -412,26 +417,38 @@ def run_step(
     low, high = STEP_LOW * capacity, STEP_HIGH * capacity
     phases: dict[str, harness.BenchRun] = {}
     failures: list[BaseException] = []
+    # Time enough for both benches to start and read the model list on a loaded machine.
+    t0 = time.time() + STEP_LEAD_S
 
-    def low_phase() -> None:
+    def phase(name: str, rate: float, count: int, start_at: float, **kw: Any) -> None:
         try:
-            # More requests than the phase can start: its duration ends it.
-            count = int(3 * low * STEP_LOW_S) + 10
-            phases["low"] = bench_run(
-                procs, router, f"{tag}-low", low, count, args, warmup=0, duration=STEP_LOW_S
-            )
+            phases[name] = bench_run(
+                procs, router, f"{tag}-{name}", rate, count, args, warmup=0,
+                extra=("--start-at", f"{start_at:.6f}"), **kw,
+            )  # fmt: skip
         except BaseException as exc:  # re-raised by the caller's thread
             failures.append(exc)
 
     before = scrape(router)
+    # More low-phase requests than the phase can start: its duration ends it.
+    low_count = int(3 * low * STEP_LOW_S) + 10
+    threads = [
+        threading.Thread(
+            target=phase,
+            args=("low", low, low_count, t0),
+            kwargs={"duration": STEP_LOW_S, "lead_s": STEP_LEAD_S},
+        ),
+        threading.Thread(
+            target=phase,
+            args=("high", high, args.requests, t0 + STEP_LOW_S),
+            kwargs={"keep_requests": True, "lead_s": STEP_LEAD_S + STEP_LOW_S},
+        ),
+    ]
     with HealthProbe(router.url) as probe:
-        thread = threading.Thread(target=low_phase, daemon=True)
-        thread.start()
-        time.sleep(STEP_LOW_S)
-        phases["high"] = bench_run(
-            procs, router, f"{tag}-high", high, args.requests, args, warmup=0, keep_requests=True
-        )
-        thread.join()
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
     if failures:
         raise failures[0]
     after = scrape(router)

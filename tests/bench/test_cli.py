@@ -464,3 +464,34 @@ def test_duration_in_an_open_loop_sends_the_arrivals_before_it(
         r["start_s"] + r["latency_s"] - stage["started_s"] > duration for r in stage["requests"]
     )
     assert "requests      2 (ok 2, errors 0)" in out
+
+
+def test_start_at_holds_the_first_stage_until_its_instant(
+    engine_url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A step across processes: the bench is up, warmed, and sends nothing until the
+    instant named; its stage's requests all start after it."""
+    out_json = tmp_path / "r.json"
+    start_at = time.time() + 1.0
+    status, _, _ = bench(
+        ["--url", engine_url, "-n", "3", "-c", "1", "--warmup", "1", "--max-tokens", "2",
+         "--start-at", str(start_at), "--json", str(out_json)],
+        capsys,
+    )  # fmt: skip
+    assert status == 0
+    assert time.time() >= start_at
+    (stage,) = load(out_json)["stages"]
+    assert len(stage["requests"]) == 3 and all(r["error"] is None for r in stage["requests"])
+
+
+def test_a_start_at_already_past_starts_at_once(
+    engine_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    began = time.monotonic()
+    status, out, _ = bench(
+        ["--url", engine_url, "-n", "2", "-c", "1", "--warmup", "0", "--max-tokens", "2",
+         "--start-at", str(time.time() - 60)],
+        capsys,
+    )  # fmt: skip
+    assert status == 0 and "requests      2 (ok 2, errors 0)" in out
+    assert time.monotonic() - began < 30

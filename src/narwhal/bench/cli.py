@@ -87,6 +87,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--timeout, and are counted, so a stage lasts up to S plus --timeout",
     )
     load.add_argument(
+        "--start-at",
+        type=float,
+        metavar="T",
+        help="wait, after the warm-up, until T (seconds since the epoch, as `date +%%s.%%N` "
+        "prints) before the first stage starts: a load step timed across processes, each "
+        "started beforehand (a time already past starts at once)",
+    )
+    load.add_argument(
         "--warmup",
         type=int,
         metavar="N",

@@ -87,6 +87,7 @@ class BenchConfig:
     uvloop: bool
     workload: str  # one of WORKLOADS
     prefix: PrefixPlan | None  # None for the single workload
+    start_at: float | None = None  # wall-clock seconds since the epoch: the first stage's start
     percentiles: tuple[float, ...] = DEFAULT_PERCENTILES  # ascending, each in (0, 100]
 
     @property
@@ -300,5 +301,6 @@ def from_args(args: argparse.Namespace) -> BenchConfig:
         uvloop=not args.no_uvloop,
         workload=args.workload,
         prefix=prefix,
+        start_at=args.start_at,
         percentiles=percentiles(args.percentiles),
     )

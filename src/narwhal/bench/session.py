@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import signal
 import sys
+import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
@@ -146,6 +147,10 @@ async def run_bench(
         stages: list[StageResult] = []
         try:
             await runner.warmup(config.warmup, config.stages[0].concurrency)
+            if config.start_at is not None:
+                # A step across processes: each bench is up before its stage's instant, so
+                # no process start-up lands on it.
+                await asyncio.sleep(max(0.0, config.start_at - time.time()))
             for number, plan in enumerate(config.stages):
                 if runner.stopping:
                     break
