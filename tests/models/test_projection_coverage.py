@@ -52,7 +52,9 @@ def test_at_three_times_capacity_admitted_requests_meet_the_budget(name: str) ->
     records, _ = run(name, 3.0, 30.0)
     summary = summarize(records, BUDGET, 30.0)
     assert summary.within_share >= 0.99, summary.line()
-    assert summary.over_bound_share <= 0.035, summary.line()
+    # (30 s at 3x admit some 500 requests, the bound's learning among them: the 1% the
+    # benchmark measures over a minute, plus five requests)
+    assert summary.over_bound_share <= 0.02, summary.line()
     light, _ = run(name, 1.0, 30.0)
     assert summary.goodput >= 0.9 * summarize(light, BUDGET, 30.0).goodput, summary.line()
 
@@ -92,11 +94,9 @@ def test_at_half_capacity_little_is_refused_where_open_admission_would_serve_all
 def test_an_engine_without_continuous_batching_is_held_to_its_one_request_at_a_time() -> None:
     """`transformers serve`'s default: one request in the engine at a time, its whole
     output before the next prefill. The probes sent together show it (the engine model
-    then waits for each request ahead to finish), and the budget holds at 3x. Capacity is
-    a request and a half a second: 60 s at 3x admits some 80 requests, so one miss is
-    more than a percent, and the calibration, which leaves out its largest sample while
-    it has few (one host stall must not set every bound), is at its least certain: 95%
-    asked, 96% measured at this seed."""
+    then waits for each request ahead to finish, and bounds that wait by the spread of
+    their output lengths), and the budget holds at 3x. Capacity is a request and a half
+    a second: 60 s at 3x admits some 60 requests, so one miss is more than a percent."""
     options = DISCIPLINES["sequential"]
     rate = capacity(options, PROMPTS, OUTPUTS)
     loop = ClosedLoop([options], budget=BUDGET)
@@ -106,7 +106,8 @@ def test_an_engine_without_continuous_batching_is_held_to_its_one_request_at_a_t
     start = loop.now + 1.0
     records = loop.run(poisson(3.0 * rate, 60.0, PROMPTS, OUTPUTS, seed=1, start=start))
     summary = summarize(records, BUDGET, 60.0)
-    assert summary.within_share >= 0.95, summary.line()
+    assert summary.within_share >= 0.98, summary.line()
+    assert summary.over_bound_share <= 0.035, summary.line()
     light_loop = ClosedLoop([options], budget=BUDGET)
     light_loop.profile()
     at = light_loop.now + 1.0

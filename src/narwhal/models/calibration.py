@@ -51,6 +51,12 @@ _OWN: Final = 60  # samples from which a class's own distribution is read
 _FIRM: Final = 400  # samples after which a histogram alone says the bound
 _REFRESH: Final = 8  # samples between two readings of a histogram's quantiles
 _HALF_LIFE: Final = 1500.0  # samples
+# The bound's own coverage, followed: each first token later than its bound widens the
+# class's bounds by _STEP (in log terms), each one within narrows them by _STEP x target,
+# so they settle where target of the first tokens exceed them, whatever the histogram
+# missed (errors that come in runs, a class read from another's samples).
+_STEP: Final = 0.15
+_INFLATION: Final = (0.7, 3.0)
 _LOWEST: Final = 0.05
 _HIGHEST: Final = 50.0
 
@@ -58,7 +64,7 @@ _HIGHEST: Final = 50.0
 class _Errors:
     """The error distribution of one class of projections, its median and bound."""
 
-    __slots__ = ("_histogram", "_since", "median", "upper")
+    __slots__ = ("_histogram", "_since", "inflation", "median", "upper")
 
     def __init__(self, prior: float) -> None:
         self._histogram = DecayedHistogram(
@@ -67,6 +73,12 @@ class _Errors:
         self._since = 0
         self.median = 1.0
         self.upper = prior
+        self.inflation = 1.0
+
+    def outcome(self, exceeded: bool, target: float) -> None:
+        """Whether a first token came later than the bound it was admitted under."""
+        step = _STEP * ((1.0 - target) if exceeded else -target)
+        self.inflation = min(_INFLATION[1], max(_INFLATION[0], self.inflation * math.exp(step)))
 
     @property
     def samples(self) -> int:
@@ -115,11 +127,16 @@ class Calibration:
     def samples(self) -> int:
         return self._all.samples
 
-    def add(self, raw: float, measured: float, *, idle: bool = False) -> None:
+    def add(
+        self, raw: float, measured: float, *, idle: bool = False, upper: float | None = None
+    ) -> None:
         """A projection (seconds) and what it turned into (seconds, same origin); `idle`:
-        made while the engine had nothing of Narwhal's in flight."""
+        made while the engine had nothing of Narwhal's in flight; `upper`: the bound it
+        was given then."""
         if not (math.isfinite(raw) and math.isfinite(measured)) or raw < 0 or measured < 0:
             return
+        if upper is not None and math.isfinite(upper):
+            self._errors(raw, idle).outcome(measured > upper, 1.0 - self.quantile)
         s = self.additive_s
         ratio = (measured + s) / (raw + s)
         if idle:
@@ -131,8 +148,11 @@ class Calibration:
     def _errors(self, raw: float, idle: bool = False) -> _Errors:
         if idle:
             return self._idle
-        errors = self._classes[bisect.bisect_right(self._edges, raw)]
-        return errors if errors.samples >= _OWN else self._all
+        index = bisect.bisect_right(self._edges, raw)
+        for errors in reversed(self._classes[: index + 1]):
+            if errors.samples >= _OWN:
+                return errors
+        return self._all
 
     @property
     def factor(self) -> float:
@@ -151,7 +171,8 @@ class Calibration:
         """The bound: `lateness` (>= 1) widens it further while the engine's requests in
         flight are already later than their own bounds said (see `EngineModel`)."""
         s = self.additive_s
-        factor = self._errors(raw, idle).upper
+        errors = self._errors(raw, idle)
+        factor = max(errors.median, errors.upper * errors.inflation)
         return max(raw, (raw + s) * factor * max(1.0, lateness) - s)
 
     def reset(self) -> None:

@@ -52,6 +52,10 @@ class DecodeBook:
     def __len__(self) -> int:
         return len(self._decoding)
 
+    @property
+    def lengths(self) -> OutputLengths:
+        return self._lengths
+
     def start(
         self, key: object, route: Route, prompt_tokens: int, cap: int | None, progress: Progress
     ) -> None:

@@ -130,6 +130,8 @@ class _Pending:
     idle: bool  # placed with nothing of Narwhal's in flight there
 
 
+# The normal quantile of the bound (99.5%), for a sum of output lengths (one at a time).
+_SPREAD_Z: Final = 2.58
 DEFAULT_STEP_BUDGET: Final = 8192  # vLLM's max_num_batched_tokens on large GPUs
 DEFAULT_MAX_SEQUENCES: Final = 256  # vLLM's max_num_seqs
 
@@ -343,6 +345,20 @@ class EngineModel:
             left += pending.estimate + pending.output * step
         return left + self.service(prompt_tokens, 0.0)
 
+    def _one_at_a_time_spread(self, now: float) -> float:
+        """How far past `_one_at_a_time_ttft` the first token may come, at the bound's
+        quantile: there the wait is the outputs of every request ahead, whose lengths are
+        known only in expectation, and no histogram of past errors can follow a wait
+        that a few long outputs make (a request or two a second). Each length is taken
+        as varying by the learned coefficient of variation around its expectation; the
+        sum's spread is the root of their squares."""
+        spread = sum(r * r for r in self.decoding.remaining(now))
+        spread += sum(p.output * p.output for p in self._pending.values())
+        if spread <= 0:
+            return 0.0
+        cv = self.decoding.lengths.variation()
+        return _SPREAD_Z * cv * math.sqrt(spread) * self.decode_step(1.0)
+
     @property
     def idle(self) -> bool:
         """Nothing of Narwhal's in flight here (no prefill waiting, no decode)."""
@@ -350,7 +366,10 @@ class EngineModel:
 
     def upper(self, projected: float, now: float) -> float:
         """The TTFT a projection made now stays under (at the calibration's quantile)."""
-        return self.calibration.upper(projected, self.lateness(now), idle=self.idle)
+        bound = self.calibration.upper(projected, self.lateness(now), idle=self.idle)
+        if self.one_at_a_time:
+            bound = max(bound, projected + self._one_at_a_time_spread(now))
+        return bound
 
     def expected(self, projected: float) -> float:
         return self.calibration.expected(projected, idle=self.idle)
@@ -496,7 +515,9 @@ class EngineModel:
             return None
         self.observed_at = now
         if pending.projected is not None:
-            self.calibration.add(pending.projected, now - pending.placed_at, idle=pending.idle)
+            self.calibration.add(
+                pending.projected, now - pending.placed_at, idle=pending.idle, upper=pending.upper
+            )
         if pending.solo:
             # Alone on the engine, the measurement is this prompt's own prefill: what the
             # fit learns from (under load, a service time by the departure rule is a

@@ -76,6 +76,22 @@ class OutputLengths:
         expected = sum(min(value, limit) * weight for value, weight in histogram.weighted())
         return max(1.0, expected)
 
+    def variation(self) -> float:
+        """The lengths' coefficient of variation (standard deviation over mean), over
+        both routes: how far one request's output is from its expectation, relatively.
+        Before any sample: 1 (as wide as the mean itself)."""
+        samples = [h for h in self._routes.values() if h.samples]
+        if not samples:
+            return 1.0
+        histogram = max(samples, key=lambda h: h.samples)
+        mean = square = 0.0
+        for value, weight in histogram.weighted():
+            mean += value * weight
+            square += value * value * weight
+        if mean <= 0:
+            return 1.0
+        return max(0.0, square - mean * mean) ** 0.5 / mean
+
     def remaining(self, route: Route, prompt_tokens: int, produced: int, cap: int | None) -> float:
         """Expected tokens still to come after `produced` (at least 1 while under the cap)."""
         room = float(cap - produced) if cap else float("inf")
