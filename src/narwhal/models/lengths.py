@@ -90,7 +90,7 @@ class OutputLengths:
             square += value * value * weight
         if mean <= 0:
             return 1.0
-        return max(0.0, square - mean * mean) ** 0.5 / mean
+        return float(max(0.0, square - mean * mean) ** 0.5 / mean)
 
     def remaining(self, route: Route, prompt_tokens: int, produced: int, cap: int | None) -> float:
         """Expected tokens still to come after `produced` (at least 1 while under the cap)."""
