@@ -204,7 +204,8 @@ _CLIENT_HIGH_WATER: Final = 256 * 1024
 class _Pump:
     """The push-mode consumer of one engine stream: engine bytes in, client bytes out,
     in the engine connection's callback. Errors become the `finished` result (never
-    raised into the callback); the relay task waits on `finished`."""
+    raised into the callback), `_detached` from the frames that raised them; the relay
+    task waits on `finished`."""
 
     __slots__ = ("_body", "_stream", "finished")
 
@@ -259,4 +260,19 @@ class _Pump:
 
     def _finish(self, result: object) -> None:
         self._stream.push(None)
-        self.finished.set_result(result)
+        self.finished.set_result(_detached(result) if isinstance(result, BaseException) else result)
+
+
+def _detached(error: BaseException) -> BaseException:
+    """`error` as the value the pump hands over: without the traceback it was raised with
+    and the exceptions it chained. Their frames are the failed read's (`body_received`'s,
+    the sink's, the tracker's), holding what it read: the engine's bytes, the decoded
+    event (an 8 MB event of empty objects decodes to 200 MB of them). Kept, they would
+    outlive the request: the callback's frame holds this pump, whose future holds the
+    error, a cycle that only a full collection frees, and what it holds need not prompt
+    one (the collector does not track empty dicts). Nobody reads them: an engine fault is
+    told by its message, and a bug was logged with its traceback where it was caught."""
+    error.__traceback__ = None
+    error.__context__ = None
+    error.__cause__ = None
+    return error
