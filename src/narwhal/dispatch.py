@@ -29,7 +29,6 @@ import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
-from urllib.parse import urlsplit
 
 from narwhal.admission.gate import AdmissionGate, Unplaceable
 from narwhal.admission.predictive import PredictiveCheck
@@ -90,13 +89,6 @@ _RETRYABLE = (EngineUnavailable, EngineError, EngineOutputError, TruncatedStream
 EngineCount = Callable[[Route, PromptSize, float], Awaitable[PromptSize]]
 
 
-def _addresses_of(url: str) -> list[str]:
-    """The forms an engine's address takes in error texts: its URL and host:port."""
-    parts = urlsplit(url)
-    port = parts.port or (443 if parts.scheme == "https" else 80)
-    return [url.rstrip("/"), parts.netloc, f"{parts.hostname}:{port}"]
-
-
 def _unavailable(reason: str) -> RouterUnavailable:
     return RouterUnavailable(f"This router is not serving requests ({reason}).")
 
@@ -151,7 +143,6 @@ class Dispatcher:
         self._lengths = lengths
         self._prompt_counted = prompt_counted
         self._engine_count = engine_count
-        self._addresses: list[tuple[str, str]] = []
         self._first_event_times = FirstEventTimes()
         self.reconfigure(config)
         state.subscribe(self._state_changed)
@@ -166,18 +157,6 @@ class Dispatcher:
             if engine.role == "prefill":
                 metrics.prefill_series(engine.name)
         self._first_event_times.forget({e.name for e in config.engines})
-        # Engine addresses stay out of what clients read (the log keeps them).
-        self._addresses = sorted(
-            [(address, f"<{e.name}>") for e in config.engines for address in _addresses_of(e.url)]
-            + [(urlsplit(e.url).hostname or "", "<engine host>") for e in config.engines],
-            key=lambda pair: -len(pair[0]),
-        )
-
-    def _redact(self, message: str) -> str:
-        for address, replacement in self._addresses:
-            if address:
-                message = message.replace(address, replacement)
-        return message
 
     def capacity_changed(self) -> None:
         """Placement may have changed (health, drain, maintenance): recompute eligibility,
@@ -365,7 +344,8 @@ class Dispatcher:
                 result.message,
             )
         if last is not None:
-            raise UpstreamError(f"The engines failed this request: {self._redact(last.message)}")
+            # (In the engine layer's words, addresses too: the front redacts what clients read.)
+            raise UpstreamError(f"The engines failed this request: {last.message}")
         raise BackendUnavailable("No placement-eligible engine serves this request.")
 
     async def _attempt(

@@ -35,7 +35,7 @@ from narwhal.api.request_id import HEADER as REQUEST_ID_HEADER
 from narwhal.api.stream_body import StreamBody
 from narwhal.drain import Drain
 from narwhal.engines.stream import EngineStream, TruncatedStream
-from narwhal.errors import NarwhalError, Outcome, TerminalExpiry
+from narwhal.errors import NarwhalError, Outcome, Redact, TerminalExpiry
 
 log = logging.getLogger(__name__)
 _DONE_EVENT = b"data: [DONE]\n\n"
@@ -53,9 +53,11 @@ async def relay_stream(
     request_id: str,
     deadline: float,
     drain: Drain,
+    redact: Redact,
 ) -> tuple[web.StreamResponse, Outcome]:
     """Stream to the client until the end or `deadline` (loop time), or the shutdown's
-    `drain` deadline; return the response and the terminal outcome.
+    `drain` deadline; return the response and the terminal outcome. An error event's
+    message passes `redact` (engine addresses); the log's keeps them.
 
     The first bytes go out with the headers (through aiohttp); from then on the stream
     is pushed (`_Pump`): each engine read is forwarded from the connection's callback,
@@ -80,7 +82,7 @@ async def relay_stream(
                 error.message,
             )
             await _write_last(
-                body, stream.flush() + error.sse_event(), drain.last_write_by(deadline)
+                body, stream.flush() + error.sse_event(redact), drain.last_write_by(deadline)
             )
             return body.response, error.outcome
         except TimeoutError:
@@ -90,7 +92,7 @@ async def relay_stream(
                 else "The request deadline expired while streaming."
             )
             await _write_last(
-                body, stream.flush() + expiry.sse_event(), drain.last_write_by(deadline)
+                body, stream.flush() + expiry.sse_event(redact), drain.last_write_by(deadline)
             )
             return body.response, expiry.outcome
         except ConnectionError:
@@ -102,7 +104,8 @@ async def relay_stream(
                 "request %s: relaying engine %s's stream failed", request_id, stream.engine_name
             )
             bug = NarwhalError("Internal router error while relaying the stream.")
-            await _write_last(body, stream.flush() + bug.sse_event(), drain.last_write_by(deadline))
+            ending = stream.flush() + bug.sse_event(redact)
+            await _write_last(body, ending, drain.last_write_by(deadline))
             return body.response, bug.outcome
         last = payload + stream.flush() + _DONE_EVENT
         if not await _write_last(body, last, drain.last_write_by(deadline)):
