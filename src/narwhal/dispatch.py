@@ -29,7 +29,6 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import urlsplit
 
 from narwhal.admission.gate import AdmissionGate, Unplaceable
 from narwhal.admission.predictive import PredictiveCheck
@@ -83,11 +82,6 @@ _DONE_GRACE_S = 0.01
 _RETRYABLE = (EngineUnavailable, EngineError, EngineOutputError, TruncatedStream)
 
 
-def _addresses_of(url: str) -> list[str]:
-    """The forms an engine's address takes in error texts: its URL and host:port."""
-    parts = urlsplit(url)
-    port = parts.port or (443 if parts.scheme == "https" else 80)
-    return [url.rstrip("/"), parts.netloc, f"{parts.hostname}:{port}"]
 
 
 def _unavailable(reason: str) -> RouterUnavailable:
@@ -145,7 +139,6 @@ class Dispatcher:
         self.prompts = PromptAdmission(
             config, registry, scheduler, check=check, lengths=lengths, engine_count=engine_count
         )
-        self._addresses: list[tuple[str, str]] = []
         self._first_event_times = FirstEventTimes()
         self.reconfigure(config)
         state.subscribe(self._state_changed)
@@ -161,18 +154,6 @@ class Dispatcher:
             if engine.role == "prefill":
                 metrics.prefill_series(engine.name)
         self._first_event_times.forget({e.name for e in config.engines})
-        # Engine addresses stay out of what clients read (the log keeps them).
-        self._addresses = sorted(
-            [(address, f"<{e.name}>") for e in config.engines for address in _addresses_of(e.url)]
-            + [(urlsplit(e.url).hostname or "", "<engine host>") for e in config.engines],
-            key=lambda pair: -len(pair[0]),
-        )
-
-    def _redact(self, message: str) -> str:
-        for address, replacement in self._addresses:
-            if address:
-                message = message.replace(address, replacement)
-        return message
 
     def capacity_changed(self) -> None:
         """Placement may have changed (health, drain, maintenance): recompute eligibility,
@@ -273,7 +254,8 @@ class Dispatcher:
                 result.message,
             )
         if last is not None:
-            raise UpstreamError(f"The engines failed this request: {self._redact(last.message)}")
+            # (In the engine layer's words, addresses too: the front redacts what clients read.)
+            raise UpstreamError(f"The engines failed this request: {last.message}")
         raise BackendUnavailable("No placement-eligible engine serves this request.")
 
     async def _attempt(

@@ -24,10 +24,16 @@ is counted as (`Outcome`), and its `Retry-After` (seconds, or None). The base cl
 raised on purpose only for a router bug ("Internal router error."). The envelope is
 OpenAI's: `{"error": {"message", "type", "param", "code"}}` with a string (or null)
 `code`, never vLLM's integer one.
+
+`message` is the operator's text (the log's), in the words of the layer that failed:
+an engine's failure may name its address. A client reads it through `redact`
+(`narwhal.redaction`: the completion front passes its engines' redaction to every
+rendering, before and after the response started).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import ClassVar, Literal
 
 import msgspec
@@ -47,6 +53,8 @@ Outcome = Literal[
 in `narwhal_outcomes_total{outcome}` (DESIGN.md §3)."""
 
 _encoder = msgspec.json.Encoder()
+Redact = Callable[[str], str]
+"""What a client-facing message passes before it is rendered (`EngineRedaction.redact`)."""
 
 
 class NarwhalError(Exception):
@@ -64,23 +72,25 @@ class NarwhalError(Exception):
         self.param = param
         self.retry_after = retry_after if retry_after is not None else self.default_retry_after
 
-    def envelope(self) -> dict[str, dict[str, str | None]]:
+    def envelope(self, redact: Redact | None = None) -> dict[str, dict[str, str | None]]:
+        """The OpenAI error envelope, its message through `redact` (engine addresses:
+        errors that may quote an engine's failure are rendered with one)."""
         return {
             "error": {
-                "message": self.message,
+                "message": self.message if redact is None else redact(self.message),
                 "type": self.error_type,
                 "param": self.param,
                 "code": self.code,
             }
         }
 
-    def body(self) -> bytes:
+    def body(self, redact: Redact | None = None) -> bytes:
         """The JSON error envelope, as the response body."""
-        return _encoder.encode(self.envelope())
+        return _encoder.encode(self.envelope(redact))
 
-    def sse_event(self) -> bytes:
+    def sse_event(self, redact: Redact | None = None) -> bytes:
         """The envelope as one SSE event, for errors after the response headers went out."""
-        return b"data: " + self.body() + b"\n\n"
+        return b"data: " + self.body(redact) + b"\n\n"
 
     def headers(self) -> dict[str, str]:
         if self.retry_after is None:

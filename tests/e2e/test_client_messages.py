@@ -6,7 +6,10 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
+import pytest
+
 from tests.e2e.conftest import MODEL, chat, send, sim_process
+from tests.e2e.hostile import Exchange, HostileEngine, chunk, event, route_of
 from tests.processes import router_process
 
 
@@ -27,6 +30,45 @@ async def test_an_unreachable_engine_is_named_not_addressed() -> None:
     message = reply.json()["error"]["message"]
     assert "e0" in message
     assert port not in message and "127.0.0.1" not in message, message
+
+
+async def first_event_then_closed(exchange: Exchange) -> None:
+    """A first event, then the connection closed in the middle of the chunked body (the
+    script returns without ending it)."""
+    await exchange.head()
+    await exchange.send(event(chunk(route_of(exchange), "Hi")))
+    await asyncio.sleep(0.2)  # a streaming client has its headers and first event
+
+
+@pytest.mark.parametrize("stream", [True, False])
+async def test_an_engine_that_breaks_its_stream_is_named_not_addressed(
+    tmp_path: Path, stream: bool
+) -> None:
+    """The same failure, after the response started (an error event) and before it (a
+    502, the non-streaming client's): the engine's name, never its host:port, which the
+    router's log keeps."""
+    log = tmp_path / "router.log"
+    with HostileEngine(first_event_then_closed) as engine:
+        config = {
+            "model": MODEL,
+            "engines": [{"name": "h0", "url": engine.url, "dialect": "openai"}],
+            "admission": {"mode": "open"},
+        }
+        with router_process(config, stderr_path=log) as router:
+            reply = await send(router.url, chat(max_tokens=4, stream=stream))
+    assert not engine.errors, engine.errors
+    if stream:
+        assert reply.status == 200, reply.raw
+        events = reply.events()
+        assert "[DONE]" not in events
+        message = events[-1]["error"]["message"]
+    else:
+        assert reply.status == 502, reply.raw
+        message = reply.json()["error"]["message"]
+    assert "closed the connection mid-body" in message and "h0" in message, message
+    address = f"127.0.0.1:{engine.port}"
+    assert address not in message and str(engine.port) not in message, message
+    assert address in log.read_text()  # the operator's view keeps it
 
 
 async def test_two_clients_with_one_request_id_get_requests_nothing_can_mix_up(

@@ -263,6 +263,55 @@ async def test_a_choice_index_past_n_after_headers_ends_the_stream(
     assert peak < PEAK_LIMIT_MB, f"router peak {peak:.0f} MB"
 
 
+# --- what a stream that failed after its headers leaves behind ------------------------------
+
+EMPTIES = 2_700_000  # empty objects in one event: ~8 MB of JSON, under the event limit
+FAILURES = 10
+# What the router may have grown by after FAILURES such streams (pools, metrics, allocator
+# slack); before their failures let go of what they read it grew ~200 MB a stream.
+RETAINED_LIMIT_MB = 60
+
+
+def rss_mb(process: NarwhalProcess) -> float:
+    """The process's resident memory now (VmRSS), in MB."""
+    with open(f"/proc/{process.pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    raise AssertionError("no VmRSS in /proc/<pid>/status")
+
+
+async def empty_choices_after_headers(exchange: Exchange) -> None:
+    """A first event, then one whose choices are one valid choice and EMPTIES empty
+    objects: "malformed choice index" once the router has decoded all of it (~200 MB of
+    empty dicts, which the cyclic collector does not track, so none of them triggers it)."""
+    route = route_of(exchange)
+    await exchange.head()
+    await exchange.send(event(chunk(route, "Hi")))
+    await asyncio.sleep(0.2)  # the client has its headers and first event
+    valid = event(chunk(route, "x"))  # its choices list ends the object: ...}]}\n\n
+    await exchange.send(valid[: -len(b"]}\n\n")] + b",{}" * EMPTIES + b"]}\n\n")
+    assert await exchange.until_closed(30), "the router never let go of the connection"
+
+
+@pytest.mark.parametrize("hostile", [empty_choices_after_headers], indirect=True)
+async def test_streams_failed_after_headers_give_their_memory_back(
+    hostile: HostileEngine,
+) -> None:
+    with router_process(config_for(hostile)) as router:
+        await served_and_released(router, hostile, body_for(True))  # first use: pools, caches
+        before = rss_mb(router)
+        for _ in range(FAILURES):
+            reply, _ = await served_and_released(router, hostile, body_for(True))
+            assert reply.status == 200
+            assert "[DONE]" not in reply.events()
+            error = error_of(reply)
+            assert error["code"] == "upstream_error"
+            assert "malformed choice index" in error["message"]
+        grown = rss_mb(router) - before
+    assert grown < RETAINED_LIMIT_MB, f"{before:.0f} MB, {grown:.0f} MB more after {FAILURES}"
+
+
 # --- fleet.max_response_bytes and [DONE] ---------------------------------------------------
 
 

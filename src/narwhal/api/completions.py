@@ -9,6 +9,9 @@ is answered 401 `invalid_api_key` and counted as `invalid`.
 Its access line (`access_log.py`) is written there too, and its span ended (`tracing.py`:
 started at arrival, a child of the client's valid W3C traceparent, which goes on to the
 engines; an invalid one goes nowhere).
+
+Every error it answers, a status or a stream's last event, names engines, never their
+addresses (`narwhal.redaction`); its log and access line keep them.
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ from narwhal.protocol.headers import (
 )
 from narwhal.protocol.requests import Route, check_one_prompt, parse_request
 from narwhal.protocol.trace_context import TRACEPARENT, TRACESTATE, TraceContext, trace_context
+from narwhal.redaction import EngineRedaction
 from narwhal.sizing import WorkloadSizer
 from narwhal.state import RouterState
 from narwhal.tracing import PassthroughTracer, Span, Tracer
@@ -74,10 +78,13 @@ class CompletionFront:
         self._metrics = metrics
         self._service = service
         self._sizer = sizer
+        self._redaction = EngineRedaction().for_engines(config.engines)
 
     def reconfigure(self, config: Config) -> None:
-        """Read limits (body size, request timeout) from `config` from now on (a reload)."""
+        """Read limits (body size, request timeout) from `config` from now on (a reload),
+        and redact its engines' addresses too."""
         self._config = config
+        self._redaction = self._redaction.for_engines(config.engines)
 
     async def chat(self, request: web.Request) -> web.StreamResponse:
         return await self._handle(request, "chat")
@@ -87,6 +94,7 @@ class CompletionFront:
 
     async def _handle(self, http: web.Request, route: Route) -> web.StreamResponse:
         metrics = self._metrics
+        redact = self._redaction.redact
         arrived = time.monotonic()
         request_id = current_request_id.get()
         metrics.offered.inc()
@@ -149,7 +157,7 @@ class CompletionFront:
             outcome = error.outcome
             if outcome == "invalid":
                 metrics.invalid_requests.inc()
-            response = error_response(error, request_id)
+            response = error_response(error, request_id, redact)
             if outcome == "refused":
                 metrics.refusal_latency.observe(time.monotonic() - arrived)
             return response
@@ -158,7 +166,7 @@ class CompletionFront:
             metrics.expired.labels("deadline_before_headers").inc()
             expiry = TerminalExpiry("The request deadline expired before the body arrived.")
             outcome = expiry.outcome
-            response = error_response(expiry, request_id)
+            response = error_response(expiry, request_id, redact)
             response.force_close()  # the rest of the body may still be on its way
             return response
         except BodyIncomplete:
@@ -167,7 +175,8 @@ class CompletionFront:
                 raise web.HTTPBadRequest() from None  # nobody to answer; outcome client_gone
             outcome = "invalid"
             metrics.invalid_requests.inc()
-            response = error_response(InvalidRequest("The request body ended early."), request_id)
+            ended_early = InvalidRequest("The request body ended early.")
+            response = error_response(ended_early, request_id, redact)
             response.force_close()  # where the next request would begin is unknown
             return response
         except (ConnectionError, asyncio.CancelledError):
@@ -180,7 +189,7 @@ class CompletionFront:
             # A bug, not a client or engine condition: log it, answer 500, count it once.
             outcome = "internal_error"
             log.exception("request %s failed unexpectedly", request_id)
-            internal = error_response(NarwhalError("Internal router error."), request_id)
+            internal = error_response(NarwhalError("Internal router error."), request_id, redact)
             if relaying and http.transport is not None:
                 # Never a 500 over a stream response (prepared, its headers maybe still
                 # held for the first bytes): the client would read it as part of the
@@ -255,6 +264,7 @@ class CompletionFront:
             lease.context.request_id,
             lease.deadline,
             lease.shutdown,
+            self._redaction.redact,
         )
         return response, outcome, time.monotonic()
 

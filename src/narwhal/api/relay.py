@@ -35,7 +35,7 @@ from narwhal.api.request_id import HEADER as REQUEST_ID_HEADER
 from narwhal.api.stream_body import StreamBody
 from narwhal.drain import Drain
 from narwhal.engines.stream import EngineStream, TruncatedStream
-from narwhal.errors import NarwhalError, Outcome, TerminalExpiry
+from narwhal.errors import NarwhalError, Outcome, Redact, TerminalExpiry
 
 log = logging.getLogger(__name__)
 _DONE_EVENT = b"data: [DONE]\n\n"
@@ -53,9 +53,11 @@ async def relay_stream(
     request_id: str,
     deadline: float,
     drain: Drain,
+    redact: Redact,
 ) -> tuple[web.StreamResponse, Outcome]:
     """Stream to the client until the end or `deadline` (loop time), or the shutdown's
-    `drain` deadline; return the response and the terminal outcome.
+    `drain` deadline; return the response and the terminal outcome. An error event's
+    message passes `redact` (engine addresses); the log's keeps them.
 
     The first bytes go out with the headers (through aiohttp); from then on the stream
     is pushed (`_Pump`): each engine read is forwarded from the connection's callback,
@@ -80,7 +82,7 @@ async def relay_stream(
                 error.message,
             )
             await _write_last(
-                body, stream.flush() + error.sse_event(), drain.last_write_by(deadline)
+                body, stream.flush() + error.sse_event(redact), drain.last_write_by(deadline)
             )
             return body.response, error.outcome
         except TimeoutError:
@@ -90,7 +92,7 @@ async def relay_stream(
                 else "The request deadline expired while streaming."
             )
             await _write_last(
-                body, stream.flush() + expiry.sse_event(), drain.last_write_by(deadline)
+                body, stream.flush() + expiry.sse_event(redact), drain.last_write_by(deadline)
             )
             return body.response, expiry.outcome
         except ConnectionError:
@@ -102,7 +104,8 @@ async def relay_stream(
                 "request %s: relaying engine %s's stream failed", request_id, stream.engine_name
             )
             bug = NarwhalError("Internal router error while relaying the stream.")
-            await _write_last(body, stream.flush() + bug.sse_event(), drain.last_write_by(deadline))
+            ending = stream.flush() + bug.sse_event(redact)
+            await _write_last(body, ending, drain.last_write_by(deadline))
             return body.response, bug.outcome
         last = payload + stream.flush() + _DONE_EVENT
         if not await _write_last(body, last, drain.last_write_by(deadline)):
@@ -204,7 +207,8 @@ _CLIENT_HIGH_WATER: Final = 256 * 1024
 class _Pump:
     """The push-mode consumer of one engine stream: engine bytes in, client bytes out,
     in the engine connection's callback. Errors become the `finished` result (never
-    raised into the callback); the relay task waits on `finished`."""
+    raised into the callback), `_detached` from the frames that raised them; the relay
+    task waits on `finished`."""
 
     __slots__ = ("_body", "_stream", "finished")
 
@@ -259,4 +263,19 @@ class _Pump:
 
     def _finish(self, result: object) -> None:
         self._stream.push(None)
-        self.finished.set_result(result)
+        self.finished.set_result(_detached(result) if isinstance(result, BaseException) else result)
+
+
+def _detached(error: BaseException) -> BaseException:
+    """`error` as the value the pump hands over: without the traceback it was raised with
+    and the exceptions it chained. Their frames are the failed read's (`body_received`'s,
+    the sink's, the tracker's), holding what it read: the engine's bytes, the decoded
+    event (an 8 MB event of empty objects decodes to 200 MB of them). Kept, they would
+    outlive the request: the callback's frame holds this pump, whose future holds the
+    error, a cycle that only a full collection frees, and what it holds need not prompt
+    one (the collector does not track empty dicts). Nobody reads them: an engine fault is
+    told by its message, and a bug was logged with its traceback where it was caught."""
+    error.__traceback__ = None
+    error.__context__ = None
+    error.__cause__ = None
+    return error

@@ -8,7 +8,7 @@ import msgspec
 from aiohttp import web
 
 from narwhal.api.request_id import HEADER as REQUEST_ID_HEADER
-from narwhal.errors import InvalidApiKey, NarwhalError, RequestTooLarge
+from narwhal.errors import InvalidApiKey, NarwhalError, Redact, RequestTooLarge
 
 _encoder = msgspec.json.Encoder()
 
@@ -25,11 +25,17 @@ def json_response(
     )
 
 
-def error_response(error: NarwhalError, request_id: str) -> web.Response:
+def error_response(
+    error: NarwhalError, request_id: str, redact: Redact | None = None
+) -> web.Response:
+    """`error` as its status and envelope, its message through `redact` (`errors.py`)."""
     headers = {REQUEST_ID_HEADER: request_id, **error.headers()}
     if isinstance(error, RequestTooLarge | InvalidApiKey):
         # The unread rest of the body is still on the wire: do not reuse the connection.
         headers["Connection"] = "close"
     return web.Response(
-        body=error.body(), status=error.status, content_type="application/json", headers=headers
+        body=error.body(redact),
+        status=error.status,
+        content_type="application/json",
+        headers=headers,
     )
