@@ -20,7 +20,7 @@ msgspec recurses once per level, and a few thousand levels were a RecursionError
 500 "Internal router error."), or JSON that does not decode, it says nothing the router can
 relay, and the answer is an engine fault whatever its status: even a 400 is then no proof
 that the client's request is bad. A body that is not JSON at all (a proxy's text or HTML
-page) is relayed as text, as before.
+page) is relayed as text.
 
 Every request carries the engine's own key (`engines[].api_key`) as `Authorization:
 Bearer`. The client's Authorization header goes instead only where forwarding is on
