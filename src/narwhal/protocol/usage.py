@@ -21,7 +21,7 @@ counters (a 500), 2**70 was added to them.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, Final
+from typing import Any, Final, NoReturn
 
 from narwhal.protocol.events import EngineOutputError
 from narwhal.protocol.fields import malformed
@@ -43,22 +43,30 @@ def event_usage(event: Mapping[str, Any]) -> dict[str, Any] | None:
     if type(usage) is not dict:
         raise EngineOutputError("engine sent usage that is not an object")
     for key, value in usage.items():
-        if value is None:
-            continue
-        if key.endswith("_tokens"):
-            _check_count(value, f"usage.{key}")
-        elif key.endswith("_tokens_details"):
-            if type(value) is not dict:
-                malformed(f"usage.{key}", "an object")
-            for inner, count in value.items():
-                if count is not None and inner.endswith("_tokens"):
-                    _check_count(count, f"usage.{key}.{inner}")
+        # (Per event with continuous usage stats: the usual in-range count costs one test.)
+        if type(value) is int:
+            if not 0 <= value <= MAX_TOKEN_COUNT and key.endswith("_tokens"):
+                _bad_count(f"usage.{key}")
+        elif value is not None:
+            if key.endswith("_tokens"):
+                _bad_count(f"usage.{key}")
+            if key.endswith("_tokens_details"):
+                _check_details(value, f"usage.{key}")
     return usage
 
 
-def _check_count(value: Any, where: str) -> None:
-    if type(value) is not int or not 0 <= value <= MAX_TOKEN_COUNT:
-        malformed(where, f"an integer from 0 to {MAX_TOKEN_COUNT}")
+def _check_details(details: Any, where: str) -> None:
+    if type(details) is not dict:
+        malformed(where, "an object")
+    for key, value in details.items():
+        if value is None or not key.endswith("_tokens"):
+            continue
+        if type(value) is not int or not 0 <= value <= MAX_TOKEN_COUNT:
+            _bad_count(f"{where}.{key}")
+
+
+def _bad_count(where: str) -> NoReturn:
+    malformed(where, f"an integer from 0 to {MAX_TOKEN_COUNT}")
 
 
 def computed_usage(prompt_tokens: int, completion_tokens: int) -> dict[str, Any]:
