@@ -41,7 +41,7 @@ from narwhal.engines.upstream import UpstreamPool, UpstreamResponse
 from narwhal.errors import InvalidRequest, UpstreamError
 from narwhal.protocol.dialects import capabilities
 from narwhal.protocol.events import EngineOutputError, engine_error
-from narwhal.protocol.jsonbody import MAX_NESTING, nested_deeper_than
+from narwhal.protocol.jsonbody import MAX_NESTING, nested_deeper_than, nested_past
 from narwhal.protocol.requests import Route
 from narwhal.protocol.trace_context import TRACEPARENT, TRACESTATE, TraceContext
 
@@ -113,11 +113,21 @@ class EngineClient:
                 answer = msgspec.json.decode(raw)
             except msgspec.DecodeError as e:
                 raise EngineUnavailable(f"engine {self.name} answered invalid JSON: {e}") from e
+            except RecursionError:
+                raise self._too_deep() from None
             if not isinstance(answer, dict):
                 raise EngineUnavailable(f"engine {self.name} answered a non-object")
+            # (Deeper than the limit needs more brackets than it: most answers are not walked.)
+            if raw.count(b"[") + raw.count(b"{") > MAX_NESTING and nested_past(answer):
+                raise self._too_deep()
             return answer
         finally:
             response.release()
+
+    def _too_deep(self) -> EngineUnavailable:
+        return EngineUnavailable(
+            f"engine {self.name} answered JSON nested more than {MAX_NESTING} levels deep"
+        )
 
     async def open_stream(
         self,

@@ -13,10 +13,13 @@ guided-decoding grammar seen in practice.
 Finding the field costs a second look at the bytes; it is done only for a body that is
 already refused, so a valid body is decoded exactly once.
 
-`nested_deeper_than` is the same limit told from the bytes alone, before any decoding, for
-small bodies from elsewhere whose depth must be known before msgspec recurses into them
-(an engine's error answer, `engines/client.py`): catching RecursionError is no guard
-there, since how deep msgspec gets depends on how deep in the stack it was called.
+The same limit serves engine answers (`engines/client.py`). `nested_deeper_than` tells it
+from the bytes alone, before any decoding, for small bodies (an error answer) whose depth
+must be known before msgspec recurses into them: catching RecursionError alone is no
+guard, since how deep msgspec gets depends on how deep in the stack it is called, and a
+value that decoded may still fail when it is encoded again, deeper. `nested_past` tells
+it from a decoded value, for large ones (a non-streaming answer), where it is cheaper
+than a second look at the bytes.
 """
 
 from __future__ import annotations
@@ -73,7 +76,7 @@ def decode_object(raw: bytes) -> dict[str, Any]:
     # have far fewer, and are not walked at all.
     if raw.count(b"[") + raw.count(b"{") > MAX_NESTING:
         for name, value in body.items():
-            if _nested_past(value, MAX_NESTING - 1):
+            if nested_past(value, MAX_NESTING - 1):
                 raise _too_deep(name)
     return body
 
@@ -92,7 +95,7 @@ def nested_deeper_than(raw: bytes, limit: int = MAX_NESTING) -> bool:
     return max(accumulate(map(_STEP.__getitem__, brackets)), default=0) > limit
 
 
-def _nested_past(value: object, limit: int) -> bool:
+def nested_past(value: object, limit: int = MAX_NESTING) -> bool:
     """Whether `value` holds arrays or objects more than `limit` levels deep (itself counted).
 
     Level by level, never recursively, stopping at the first level past the limit. Each
