@@ -3,7 +3,9 @@
 `HostileEngine` serves `/health` and both completion routes of an OpenAI-compatible
 server (the router's `openai` dialect: no /metrics, no /tokenize needed) on one or more
 loopback ports. Every completion request gets the body `script(request_body)` returns:
-its pieces are written one by one (each one write, so the router may read them apart;
+with `status` other than 200, the pieces joined as one `application/json` error body
+(what an engine's 4xx or 5xx answer looks like); else an event stream whose pieces are
+written one by one (each one write, so the router may read them apart;
 `pause_after` makes sure), then the response ends, or with `abort=True` the connection
 is dropped without ending the chunked body (the router sees a broken stream).
 
@@ -32,6 +34,7 @@ class Script:
     # the response before the rest comes (a failure after it is one after the headers).
     pause_after: int | None = None
     pause_s: float = 0.1
+    status: int = 200  # not 200: an error answer, the pieces its JSON body
 
 
 def sse(event: Any) -> bytes:
@@ -88,6 +91,9 @@ class HostileEngine:
     async def _complete(self, request: web.Request) -> web.StreamResponse:
         self.requests += 1
         script = self._script(await request.json())
+        if script.status != 200:
+            body = b"".join(script.pieces)
+            return web.Response(status=script.status, body=body, content_type="application/json")
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await response.prepare(request)
         try:

@@ -3,7 +3,9 @@ streams or not (shape.py): a 502 before the response starts, after another attem
 the other engine; an OpenAI-shaped error event and no `[DONE]` once it has started; and
 never any of the malformed event's bytes. A malformed finish is no finish: a stream that
 ends on one without `[DONE]` (which an `openai` engine may do once every choice has
-finished) is not taken for a complete one.
+finished) is not taken for a complete one. A usage count that is no count (too large,
+negative, a float, a bool, a string) is a malformed field too, and never reaches the
+router's token counters.
 
 The engines run in this test's loop (`tests/hostile_engine.py`), the router in its own
 process, as the operator runs it.
@@ -20,6 +22,7 @@ import pytest
 
 from tests.e2e.conftest import MODEL, chat, metrics_of, send
 from tests.hostile_engine import HostileEngine, Script, sse
+from tests.metrics_text import total
 from tests.processes import NarwhalProcess, router_process
 
 
@@ -44,7 +47,27 @@ SCENARIOS = {
         DONE,
     ],
 }
+GOOD_USAGE = {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4}
+# Each bad usage, by the prompt's name: what a usage chunk after the finish carries.
+BAD_USAGE = {
+    "usage prompt_tokens of 401 digits": {**GOOD_USAGE, "prompt_tokens": 10**400},
+    "usage prompt_tokens 2**70": {**GOOD_USAGE, "prompt_tokens": 2**70},
+    "usage prompt_tokens 2**31": {**GOOD_USAGE, "prompt_tokens": 2**31},
+    "usage completion_tokens -1": {**GOOD_USAGE, "completion_tokens": -1},
+    "usage completion_tokens 1.0": {**GOOD_USAGE, "completion_tokens": 1.0},
+    "usage prompt_tokens true": {**GOOD_USAGE, "prompt_tokens": True},
+    "usage total_tokens string": {**GOOD_USAGE, "total_tokens": "4"},
+    "usage cached_tokens -5": {**GOOD_USAGE, "prompt_tokens_details": {"cached_tokens": -5}},
+    "usage details string": {**GOOD_USAGE, "completion_tokens_details": "none"},
+}
+for name, usage in BAD_USAGE.items():
+    SCENARIOS[name] = [ROLE, HELLO, STOP, sse({"id": "x", "choices": [], "usage": usage}), DONE]
 UPSTREAM_ERROR = 'narwhal_outcomes_total{outcome="upstream_error"}'
+TOKEN_COUNTERS = (
+    "narwhal_prompt_tokens_total",
+    "narwhal_completion_tokens_total",
+    "narwhal_output_tokens_total",
+)
 
 
 def script(body: dict[str, Any]) -> Script:
@@ -114,3 +137,41 @@ async def test_streaming_refuses_what_assembly_refuses(
         assert engine.requests - before == 1
     values = await metrics_of(router.url)
     assert values[UPSTREAM_ERROR] - failed_before == 1
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_a_bad_usage_count_is_malformed_and_never_counted(
+    hostile: tuple[HostileEngine, NarwhalProcess], stream: bool
+) -> None:
+    engine, router = hostile
+    for name in BAD_USAGE:
+        before, values = engine.requests, await metrics_of(router.url)
+        reply = await send(router.url, chat(name, max_tokens=4, stream=stream))
+        if stream:
+            # The usage comes after the headers: an error event ends the stream.
+            assert reply.status == 200, (name, reply.raw)
+            *relayed, last = reply.events()
+            assert set(last) == {"error"} and last["error"]["code"] == "upstream_error", name
+            assert "engine sent a malformed usage" in last["error"]["message"], name
+            assert all("usage" not in e for e in relayed), name  # none of its bytes
+            assert engine.requests - before == 1, name
+        else:
+            assert reply.status == 502, (name, reply.raw)
+            error = reply.json()["error"]
+            assert error["code"] == "upstream_error", name
+            assert "engine sent a malformed usage" in error["message"], name
+            assert engine.requests - before == 2, name  # retried on the other engine
+        after = await metrics_of(router.url)
+        assert after[UPSTREAM_ERROR] - values.get(UPSTREAM_ERROR, 0) == 1, name
+        # No bad count reached the books: what was added is the router's own (its sizing
+        # of the prompt for a stream that started, the attempts' output events), never
+        # the engine's number.
+        for counter in TOKEN_COUNTERS:
+            added = total(after, counter) - total(values, counter)
+            assert 0 <= added < 100, (name, counter, added)
+        assert from_usage(after) == from_usage(values), name
+
+
+def from_usage(values: dict[str, float]) -> float:
+    """The output tokens counted from engines' usage."""
+    return sum(v for k, v in values.items() if 'source="usage"' in k)

@@ -12,6 +12,7 @@ from narwhal.errors import UpstreamError
 from narwhal.protocol.assembly import Assembler
 from narwhal.protocol.events import EngineError, EngineOutputError, Route
 from narwhal.protocol.exposure import Exposure
+from narwhal.protocol.usage import MAX_TOKEN_COUNT
 
 EXPOSURE = Exposure(token_ids=True, usage=True, continuous_usage=False)
 EMPTY_VALUES = [None, "", [], {}]
@@ -251,6 +252,22 @@ def test_choices_and_choice_of_the_wrong_type() -> None:
 def test_usage_not_an_object() -> None:
     with pytest.raises(EngineOutputError, match="usage that is not an object"):
         Assembler("chat", EXPOSURE).add({"choices": [], "usage": [3, 4]})
+
+
+def test_usage_counts_within_bounds_and_nulls_are_kept_as_sent() -> None:
+    usage = {
+        "prompt_tokens": MAX_TOKEN_COUNT,
+        "completion_tokens": 0,
+        "total_tokens": None,
+        "prompt_tokens_details": {"cached_tokens": 0, "audio_tokens": None},
+        "completion_tokens_details": None,
+        "engine_note": "not a count: not checked",
+    }
+    assembler = Assembler("chat", EXPOSURE)
+    assembler.add({"id": "x", "choices": [chat_choice(content="a")]})
+    assembler.add({"id": "x", "choices": [{"index": 0, "finish_reason": "stop"}]})
+    assembler.add({"id": "x", "choices": [], "usage": usage})
+    assert assembler.result(prompt_tokens=1, completion_tokens=1)["usage"] == usage
 
 
 def test_malformed_ids_when_kept() -> None:

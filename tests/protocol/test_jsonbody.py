@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from narwhal.errors import InvalidRequest
-from narwhal.protocol.jsonbody import MAX_NESTING, decode_object
+from narwhal.protocol.jsonbody import MAX_NESTING, decode_object, nested_deeper_than
 
 
 def refuse(raw: bytes) -> InvalidRequest:
@@ -194,3 +194,37 @@ def test_any_bytes_give_an_object_or_an_invalid_request(data: st.DataObject) -> 
         assert len(error.message) < 400
     else:
         assert isinstance(body, dict)
+
+
+# --- depth from the bytes alone (engine error bodies) --------------------------------------
+
+
+def depth_of(value: object) -> int:
+    """The nesting of a decoded value, arrays and objects counted (the reference)."""
+    if isinstance(value, list):
+        return 1 + max(map(depth_of, value), default=0)
+    if isinstance(value, dict):
+        return 1 + max(map(depth_of, value.values()), default=0)
+    return 0
+
+
+@pytest.mark.parametrize("kind", ["[", "{"])
+def test_nested_deeper_than_tells_the_limit_from_the_bytes(kind: str) -> None:
+    assert not nested_deeper_than(nested(MAX_NESTING, kind))
+    assert nested_deeper_than(nested(MAX_NESTING + 1, kind))
+    # Far past what msgspec could decode, and unclosed: told without decoding.
+    assert nested_deeper_than(b"[" * 2000)
+    assert nested_deeper_than(b'{"error":' * 1000)
+
+
+def test_nested_deeper_than_skips_brackets_in_strings() -> None:
+    raw = b'{"message": "' + b"[{" * 500 + b'\\", "x": "\\"[["}'
+    assert not nested_deeper_than(raw, 2)
+    assert nested_deeper_than(b'{"a": "]]]]", "b": [[[]]]}', 3)
+
+
+@settings(max_examples=300, deadline=None)
+@given(value=json_values, limit=st.integers(0, 6))
+def test_nested_deeper_than_agrees_with_the_decoded_depth(value: object, limit: int) -> None:
+    raw = msgspec.json.encode(value)
+    assert nested_deeper_than(raw, limit) == (depth_of(value) > limit)

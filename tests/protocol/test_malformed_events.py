@@ -32,6 +32,7 @@ from narwhal.protocol.forward import StreamCollector, StreamForwarder
 from narwhal.protocol.plain import decode_plain
 from narwhal.protocol.shape import check_event
 from narwhal.protocol.tracker import OutputTracker
+from narwhal.protocol.usage import MAX_TOKEN_COUNT
 
 EXPOSURES = [Exposure(*flags) for flags in itertools.product((False, True), repeat=3)]
 
@@ -129,6 +130,27 @@ MALFORMED: dict[str, tuple[Route, dict[str, Any], str]] = {
     "choice string": ("chat", {"choices": ["x"]}, "choice"),
     "usage list": ("chat", {"choices": [], "usage": [3, 4]}, "usage"),
     "usage string": ("completion", {"choices": [], "usage": "7"}, "usage"),
+    **{
+        f"usage {key} {value!r}"[:60]: (
+            "chat",
+            {"choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 1, key: value}},
+            f"usage.{key}",
+        )
+        for key, value in [
+            ("prompt_tokens", 10**400),  # was an OverflowError in the token counters
+            ("prompt_tokens", 2**70),
+            ("prompt_tokens", MAX_TOKEN_COUNT + 1),
+            ("completion_tokens", -1),
+            ("completion_tokens", 1.0),
+            ("completion_tokens", True),
+            ("total_tokens", "4"),
+            ("total_tokens", [4]),
+            ("reasoning_tokens", -1),  # SGLang's, at the top level
+            ("prompt_tokens_details", "none"),
+            ("prompt_tokens_details", {"cached_tokens": -5}),
+            ("completion_tokens_details", {"reasoning_tokens": 2.5}),
+        ]
+    },
 }
 
 # A plain event that comes first: the malformed one arrives mid-stream.

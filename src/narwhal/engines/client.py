@@ -10,8 +10,17 @@ An engine's refusal of the body keeps the field it named (vLLM's `param`):
     InvalidRequest (400)      the engine refused the body itself (400, 413, 422): the
                               client's request is bad wherever it runs; not retried
     EngineUnavailable (502)   connection refused or reset, 5xx, 404 (model not served),
-                              429, 401/403 (the engine's key is missing or wrong): another
-                              engine may serve it; retried before headers
+                              429, 401/403 (the engine's key is missing or wrong), and any
+                              status whose error body is malformed: another engine may
+                              serve it; retried before headers
+
+An error body is engine input like any other (`_error_detail`): over 64 KiB, JSON nested
+deeper than the client bodies' limit (`jsonbody.MAX_NESTING`, checked before decoding:
+msgspec recurses once per level, and a few thousand levels were a RecursionError, so a
+500 "Internal router error."), or JSON that does not decode, it says nothing the router can
+relay, and the answer is an engine fault whatever its status: even a 400 is then no proof
+that the client's request is bad. A body that is not JSON at all (a proxy's text or HTML
+page) is relayed as text.
 
 Every request carries the engine's own key (`engines[].api_key`) as `Authorization:
 Bearer`. The client's Authorization header goes instead only where forwarding is on
@@ -32,10 +41,13 @@ from narwhal.engines.upstream import UpstreamPool, UpstreamResponse
 from narwhal.errors import InvalidRequest, UpstreamError
 from narwhal.protocol.dialects import capabilities
 from narwhal.protocol.events import EngineOutputError, engine_error
+from narwhal.protocol.jsonbody import MAX_NESTING, nested_deeper_than, nested_past
 from narwhal.protocol.requests import Route
 from narwhal.protocol.trace_context import TRACEPARENT, TRACESTATE, TraceContext
 
 PATHS: dict[Route, str] = {"chat": "/v1/chat/completions", "completion": "/v1/completions"}
+# An error body is a message, a type, a field name: vLLM's longest (a validation error
+# that echoes the request's values) are a few KiB.
 _MAX_ERROR_BODY = 64 * 1024
 # A prefill answer is one token plus transfer parameters; anything near this is wrong.
 _MAX_ANSWER_BODY = 16 * 1024 * 1024
@@ -47,6 +59,11 @@ log = logging.getLogger(__name__)
 
 class EngineUnavailable(UpstreamError):
     """This engine could not serve the attempt; another placement may (retryable)."""
+
+
+class _MalformedErrorBody(Exception):
+    """An engine's error body that says nothing the router can relay (why, as a phrase
+    that follows "an error body")."""
 
 
 class EngineClient:
@@ -96,11 +113,21 @@ class EngineClient:
                 answer = msgspec.json.decode(raw)
             except msgspec.DecodeError as e:
                 raise EngineUnavailable(f"engine {self.name} answered invalid JSON: {e}") from e
+            except RecursionError:
+                raise self._too_deep() from None
             if not isinstance(answer, dict):
                 raise EngineUnavailable(f"engine {self.name} answered a non-object")
+            # (Deeper than the limit needs more brackets than it: most answers are not walked.)
+            if raw.count(b"[") + raw.count(b"{") > MAX_NESTING and nested_past(answer):
+                raise self._too_deep()
             return answer
         finally:
             response.release()
+
+    def _too_deep(self) -> EngineUnavailable:
+        return EngineUnavailable(
+            f"engine {self.name} answered JSON nested more than {MAX_NESTING} levels deep"
+        )
 
     async def open_stream(
         self,
@@ -171,10 +198,16 @@ class EngineClient:
     async def _status_error(self, response: UpstreamResponse, hint: str) -> Exception:
         status = response.status
         try:
-            raw = await response.read(_MAX_ERROR_BODY)
+            raw = await response.read(_MAX_ERROR_BODY + 1)
         except OSError:
             raw = b""
-        message, param = _error_detail(raw)
+        try:
+            message, param = _error_detail(raw)
+        except _MalformedErrorBody as e:
+            fault = f"an error body {e}"
+            if status in _REFUSED_CREDENTIALS:
+                return self._refused_credentials(status, fault, hint)
+            return EngineUnavailable(f"engine {self.name} answered {status} with {fault}")
         message = message or response.reason or "no detail"
         if status in (400, 413, 422):
             # The engine's `param` names the client's field (vLLM: `prompt_logprobs`,
@@ -204,12 +237,19 @@ class EngineClient:
 
 def _error_detail(raw: bytes) -> tuple[str | None, str | None]:
     """An engine error body's message and the field it names (`param`), where it gives
-    them."""
+    them; `_MalformedErrorBody` for one over `_MAX_ERROR_BODY`, or JSON (an object or an
+    array) too deep or invalid. Size and depth are checked before anything is decoded."""
+    if len(raw) > _MAX_ERROR_BODY:
+        raise _MalformedErrorBody(f"over {_MAX_ERROR_BODY // 1024} KiB")
+    if raw.lstrip()[:1] not in (b"{", b"["):
+        text = raw.decode("utf-8", "replace").strip()  # not JSON: a text or HTML page
+        return text[:500] or None, None
+    if nested_deeper_than(raw):
+        raise _MalformedErrorBody(f"nested more than {MAX_NESTING} levels deep")
     try:
         body = msgspec.json.decode(raw)
-    except msgspec.DecodeError:
-        text = raw.decode("utf-8", "replace").strip()
-        return text[:500] or None, None
+    except msgspec.DecodeError as e:
+        raise _MalformedErrorBody(f"that is not valid JSON ({e})") from None
     if isinstance(body, dict):
         error = engine_error(body)
         if error is not None:

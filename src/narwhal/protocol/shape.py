@@ -15,7 +15,8 @@ neither integer nor string; a chat `delta` that is not an object, or whose text 
 `function` object of strings) or `function_call` have the wrong type; a completion
 `text` that is not a string; `logprobs` whose arrays (`logprobs.py`) are not what the
 route's shape says; `choices` that are not an array of objects; `usage` that is not an
-object. A null is always "not sent" (PROTOCOL.md §1.2).
+object, or whose token counts are not nonnegative integers within bounds (`usage.py`). A
+null is always "not sent" (PROTOCOL.md §1.2).
 
 Not here, on purpose:
 - *Unsupported* fields (a key outside the allow-lists of `fields.py` that carries a
@@ -48,9 +49,8 @@ from narwhal.protocol.usage import event_usage
 def check_event(event: Mapping[str, Any], route: Route) -> None:
     """Raise EngineOutputError (502) when a supported field of the event is malformed."""
     # Every event of a non-streaming request comes here: the usual one is settled inline.
-    usage = event.get("usage")
-    if usage is not None and type(usage) is not dict:
-        event_usage(event)  # (its error)
+    if event.get("usage") is not None:
+        event_usage(event)  # (it raises for a malformed one)
     choices = event.get("choices")
     if choices is None:
         return
