@@ -67,10 +67,10 @@ def too_large(path: str, limit: int) -> str:
 # The cards of /v1/models read at most: a vLLM server lists its model and its LoRA
 # adapters, a few hundred at the very most.
 MAX_MODELS: Final = 10_000
-# Before decoding, the JSON objects (`{`) the answer may hold: each card is one, and a
-# vLLM card nests one more (its `permission`); a list with more cannot be one of at most
-# MAX_MODELS cards of that kind. This keeps what decoding builds to a few MB whatever
-# fits in the byte bound (8 MiB of `{},` would be 2.8 million cards).
+# Counted before decoding, the JSON objects (`{`) the answer may hold: each card is one
+# and a vLLM card nests one more (its `permission`), so eight a card leaves room for any
+# server's cards; a list past it is refused as over MAX_MODELS. This keeps what decoding
+# builds to a few MB whatever fits in the byte bound (8 MiB of `{},` is 2.8 million cards).
 _MAX_MODEL_OBJECTS: Final = 8 * MAX_MODELS
 _TOO_MANY_MODELS: Final = f"/v1/models answer lists over {MAX_MODELS} models"
 
