@@ -11,13 +11,20 @@ is dropped without ending the chunked body (the router sees a broken stream).
 
 The pieces are the test's own objects: a test that measures the router's memory builds
 them before its baseline, so the engine allocates nothing it has to tell apart.
+
+`probes` scripts the GET answers the router's monitor reads (`/health`, `/metrics`,
+`/v1/models`, `/version`): each a `ProbeAnswer`, which may claim a `Content-Length` it
+never delivers, send a body far longer than any real one, and stall instead of ending.
+`probed` counts the GETs of each scripted path.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
+import contextlib
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,6 +44,19 @@ class Script:
     status: int = 200  # not 200: an error answer, the pieces its JSON body
 
 
+@dataclass(frozen=True, slots=True)
+class ProbeAnswer:
+    """A 200 answer to a GET: `piece` written `repeat` times (each one write), with the
+    `Content-Length` `claimed` (None: a chunked body), then its end, or with `stall` no
+    end: the answer stays open, silent, until the router hangs up."""
+
+    piece: bytes
+    repeat: int = 1
+    claimed: int | None = None
+    stall: bool = False
+    content_type: str = "application/json"
+
+
 def sse(event: Any) -> bytes:
     """One SSE event of `event`'s JSON, or `[DONE]` for the string "[DONE]"."""
     data = event if event == "[DONE]" else json.dumps(event, separators=(",", ":"))
@@ -44,16 +64,29 @@ def sse(event: Any) -> bytes:
 
 
 class HostileEngine:
-    def __init__(self, script: Callable[[dict[str, Any]], Script], *, ports: int = 1) -> None:
+    def __init__(
+        self,
+        script: Callable[[dict[str, Any]], Script],
+        *,
+        ports: int = 1,
+        probes: Mapping[str, ProbeAnswer] | None = None,
+    ) -> None:
         self._script = script
         self._ports = ports
+        self._probes = dict(probes or {})
+        self.probed: collections.Counter[str] = collections.Counter()
+        self._asked = asyncio.Condition()
+        self._closing = asyncio.Event()  # stalled answers end when the engine stops
         self._runner: web.AppRunner | None = None
         self.urls: list[str] = []
         self.requests = 0
 
     async def __aenter__(self) -> HostileEngine:
         app = web.Application()
-        app.router.add_get("/health", self._health)
+        for path in self._probes:
+            app.router.add_get(path, self._probe)
+        if "/health" not in self._probes:
+            app.router.add_get("/health", self._health)
         app.router.add_post("/v1/chat/completions", self._complete)
         app.router.add_post("/v1/completions", self._complete)
         self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.5)
@@ -65,6 +98,7 @@ class HostileEngine:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
+        self._closing.set()
         if self._runner is not None:
             await self._runner.cleanup()
 
@@ -87,6 +121,36 @@ class HostileEngine:
 
     async def _health(self, request: web.Request) -> web.Response:
         return web.Response(text="ok")
+
+    async def asked(self, path: str, times: int, within: float) -> int:
+        """Wait until GET `path` has been asked `times` times, at most `within` seconds;
+        how many times it was."""
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(within), self._asked:
+                await self._asked.wait_for(lambda: self.probed[path] >= times)
+        return self.probed[path]
+
+    async def _probe(self, request: web.Request) -> web.StreamResponse:
+        self.probed[request.path] += 1
+        async with self._asked:
+            self._asked.notify_all()
+        answer = self._probes[request.path]
+        response = web.StreamResponse(headers={"Content-Type": answer.content_type})
+        if answer.claimed is None:
+            response.enable_chunked_encoding()
+        else:
+            response.content_length = answer.claimed
+        await response.prepare(request)
+        try:
+            for _ in range(answer.repeat):
+                await response.write(answer.piece)
+            if not answer.stall:
+                await response.write_eof()
+                return response
+            await self._closing.wait()
+        except ConnectionError:
+            pass  # the router hung up on it, as it should
+        return response
 
     async def _complete(self, request: web.Request) -> web.StreamResponse:
         self.requests += 1

@@ -159,6 +159,10 @@ class FleetConfig(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True)
     # What a non-streaming answer may be assembled from: its events' data, in bytes (it is
     # held whole until the end). Null: `Config.max_response_bytes`.
     max_response_bytes: ByteLimit | None = None
+    # The longest answer read from an engine outside the request relay: /health, /metrics,
+    # /v1/models, /version, /tokenize. Far above any real one (a vLLM /metrics page is tens
+    # of KB); past it that probe fails, without reading on (fleet/answers.py).
+    max_probe_answer_bytes: ByteLimit = 8 * 1024 * 1024
     # Whether a client's own Authorization header goes to the engines with its request (in
     # place of the engine's api_key): for engines that check per-user keys themselves.
     # Probes always carry the engine's api_key. Per engine: engines[].forward_client_...

@@ -258,7 +258,10 @@ class Router:
                 model=self.config.model,
                 changed=self.dispatcher.capacity_changed,
                 counter=ProbeCounter(
-                    session, self._local_sizer.text_counter, model=self.config.model
+                    session,
+                    self._local_sizer.text_counter,
+                    model=self.config.model,
+                    max_answer_bytes=lambda: self.config.fleet.max_probe_answer_bytes,
                 ),
                 probe_sizes=lambda: self.config.fleet.probe_prompt_tokens,
             )

@@ -77,6 +77,7 @@ async def test_start_checks_every_engine_before_returning(
         "credentials_refused": False,
         "version": None,  # this engine has no /version
         "supplies_token_ids": None,
+        "oversized_answers": {},  # every answer within fleet.max_probe_answer_bytes
     }
     assert not monitor.monitoring_degraded()
 

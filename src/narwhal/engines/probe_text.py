@@ -28,15 +28,20 @@ from typing import Final
 import aiohttp
 import msgspec
 
+from narwhal.config import FleetConfig
+from narwhal.engines.answers import AnswerTooLarge, read_bounded
 from narwhal.engines.client import EngineClient
 from narwhal.models.profile import ProfileError
-from narwhal.sizing.remote import TOKENIZE_PATHS
+from narwhal.sizing.remote import TOKENIZE_PATHS, answer_count
 
 MAX_ROUNDS: Final = 4  # tokenize round trips per probe text
 # A count comes in milliseconds from an engine that is not swamped; one that takes longer
 # is sized by estimate for the rest of the run (checked against its usage), so that a slow
 # tokenize endpoint cannot hold profiling for minutes.
 TOKENIZE_TIMEOUT_S: Final = 1.0
+# `fleet.max_probe_answer_bytes`' default: a probe text's /tokenize answer lists its
+# tokens, some bytes each, and probes may be long (`fleet.probe_prompt_tokens`).
+DEFAULT_MAX_ANSWER_BYTES: Final = FleetConfig().max_probe_answer_bytes
 _PREFIX: Final = "Narwhal profile"
 # One token each in the simulator's tokenizer and in common BPE vocabularies.
 _WORDS: Final = (
@@ -163,11 +168,14 @@ class ProbeCounter:
         *,
         model: str,
         timeout_s: float = TOKENIZE_TIMEOUT_S,
+        max_answer_bytes: Callable[[], int] = lambda: DEFAULT_MAX_ANSWER_BYTES,
     ) -> None:
         self._session = session
         self._local = local
         self._model = model
         self._timeout = aiohttp.ClientTimeout(total=timeout_s)
+        # fleet.max_probe_answer_bytes, read at each call (a reload applies to the next).
+        self._max_answer_bytes = max_answer_bytes
 
     def for_engine(self, client: EngineClient, *, completion: bool) -> Count | None:
         """How this engine's probe texts are counted (None: estimated). Chat probes
@@ -216,8 +224,8 @@ class ProbeCounter:
             ) as response:
                 if response.status != 200:
                     return None
-                answer = msgspec.json.decode(await response.read())
-        except (aiohttp.ClientError, TimeoutError, msgspec.DecodeError, OSError):
+                raw = await read_bounded(response, self._max_answer_bytes())
+        except (aiohttp.ClientError, TimeoutError, AnswerTooLarge, OSError):
             return None
-        count = answer.get("count") if isinstance(answer, dict) else None
-        return count if type(count) is int and count > 0 else None
+        count = answer_count(raw)
+        return count if count is not None and count > 0 else None

@@ -18,6 +18,13 @@ A configuration reload changes the fleet while it runs: `add` starts probing a n
 passed), `remove` stops, `update` takes an engine's new key, `reconfigure` the new probe
 settings.
 
+Every answer is read within `fleet.max_probe_answer_bytes` (the /v1/models list within
+`probe.MAX_MODELS` cards too): an answer over it is that probe failing, as any other
+failure of it is (a /health too large is a failed check, a /metrics one a failed scrape,
+a /v1/models or /version one "cannot tell"), and its reason is kept in the engine's
+state (`oversized`, in /admin/engines) and logged once, until the probe is answered
+within the bounds again.
+
 Nothing here may end a probe task except `close()` and `remove()`: probe errors are
 outcomes, and any other exception is logged and the loop carries on.
 """
@@ -39,11 +46,13 @@ from narwhal.config import EngineConfig, FleetConfig
 from narwhal.fleet.backoff import next_delay
 from narwhal.fleet.metrics import FleetMetrics
 from narwhal.fleet.probe import (
+    Oversized,
     Refused,
     check_health,
     engine_version,
     list_models,
     scrape_metrics,
+    too_large,
 )
 from narwhal.fleet.scrape import EngineScrape
 from narwhal.fleet.state import EngineHealth, HealthCheck, MetricsFailure, ScrapeResult
@@ -210,6 +219,7 @@ class FleetMonitor:
             "credentials_refused": state.credentials_refused,
             "version": state.version,
             "supplies_token_ids": state.supplies_token_ids,
+            "oversized_answers": dict(state.oversized),
         }
 
     # --- the probe loop ----------------------------------------------------------------
@@ -245,6 +255,15 @@ class FleetMonitor:
             health, scrape = await self._check(engine), None
         state, name = engine.state, engine.config.name
         was_status = state.status
+        limit = self._fleet.max_probe_answer_bytes
+        oversized = health is HealthCheck.TOO_LARGE
+        reason = too_large("/health", limit) if oversized else None
+        _note(name, state, "/health", reason, health in _ANSWERED_HEALTH)
+        if scrape is not None:
+            oversized = scrape is MetricsFailure.TOO_LARGE
+            reason = too_large("/metrics", limit) if oversized else None
+            answered = isinstance(scrape, EngineScrape) or scrape in _ANSWERED_METRICS
+            _note(name, state, "/metrics", reason, answered)
         if health is not HealthCheck.OK:
             self._metrics.count_failure(name, "health")
         else:
@@ -279,8 +298,17 @@ class FleetMonitor:
         self._announce(engine)
 
     async def _check_model(self, engine: _Engine) -> None:
-        models = await list_models(self._session, engine.base_url, self._timeout, engine.headers)
         state = engine.state
+        models = await list_models(
+            self._session,
+            engine.base_url,
+            self._timeout,
+            engine.headers,
+            self._fleet.max_probe_answer_bytes,
+        )
+        reason = models.reason if isinstance(models, Oversized) else None
+        answered = isinstance(models, dict | Refused)
+        _note(engine.config.name, state, "/v1/models", reason, answered)
         refused = isinstance(models, Refused)
         if refused and not state.credentials_refused:
             log.error(
@@ -294,7 +322,7 @@ class FleetMonitor:
         elif not refused and state.credentials_refused:
             log.info("fleet: engine %s accepts the router's credentials again", engine.config.name)
         state.credentials_refused = refused
-        if models is None or isinstance(models, Refused):
+        if models is None or isinstance(models, Refused | Oversized):
             # Cannot tell (refused: out of placement already); ask again next round.
             return
         serves = self._model in models
@@ -312,9 +340,16 @@ class FleetMonitor:
         """A vLLM older than `return_token_ids` sends no IDs (PROTOCOL.md: the dialect
         must work with 0.10.2+, and an engine that sends no IDs is not fine), so every
         request placed there fails: say so, and what to do, when it comes up."""
-        version = await engine_version(
-            self._session, engine.base_url, self._timeout, engine.headers
+        answer = await engine_version(
+            self._session,
+            engine.base_url,
+            self._timeout,
+            engine.headers,
+            self._fleet.max_probe_answer_bytes,
         )
+        reason = answer.reason if isinstance(answer, Oversized) else None
+        _note(engine.config.name, engine.state, "/version", reason, isinstance(answer, str))
+        version = None if isinstance(answer, Oversized) else answer
         engine.state.version = version
         engine.state.supplies_token_ids = None
         if version is None:
@@ -336,7 +371,13 @@ class FleetMonitor:
 
     async def _check(self, engine: _Engine) -> HealthCheck:
         try:
-            return await check_health(self._session, engine.base_url, self._timeout, engine.headers)
+            return await check_health(
+                self._session,
+                engine.base_url,
+                self._timeout,
+                engine.headers,
+                self._fleet.max_probe_answer_bytes,
+            )
         except Exception:
             log.exception("fleet: health check of engine %s raised", engine.config.name)
             return HealthCheck.ERROR
@@ -349,6 +390,7 @@ class FleetMonitor:
                 engine.config.dialect,
                 self._timeout,
                 engine.headers,
+                self._fleet.max_probe_answer_bytes,
             )
         except Exception:
             log.exception("fleet: metrics scrape of engine %s raised", engine.config.name)
@@ -397,6 +439,31 @@ def _log_changes(
                 name,
                 state.scrape_age(now) or 0.0,
             )
+
+
+# The outcomes that say the engine answered (within the bounds): a probe that only failed
+# to get an answer (a timeout, a refused connection) leaves an oversized reason standing.
+_ANSWERED_HEALTH: Final = frozenset({HealthCheck.OK, HealthCheck.UNHEALTHY, HealthCheck.BAD_STATUS})
+_ANSWERED_METRICS: Final = frozenset(
+    {MetricsFailure.ABSENT, MetricsFailure.UNREADABLE, MetricsFailure.BAD_STATUS}
+)
+
+
+def _note(name: str, state: EngineHealth, path: str, reason: str | None, answered: bool) -> None:
+    """Keep why the probe of `path` failed for its answer's size (`reason`), or forget it
+    once the engine `answered` within the bounds; log a reason once, when it appears,
+    not every round it repeats."""
+    if reason is not None:
+        if state.oversized.get(path) != reason:
+            state.oversized[path] = reason
+            log.warning(
+                "fleet: engine %s: %s; the probe fails (the connection is closed, the "
+                "rest not read) until it answers within the bound",
+                name,
+                reason,
+            )
+    elif answered and state.oversized.pop(path, None) is not None:
+        log.info("fleet: engine %s answers %s within the bounds again", name, path)
 
 
 def _scrape_view(scrape: EngineScrape | None) -> dict[str, float | None] | None:

@@ -11,20 +11,34 @@ sets `raise_for_status=False` so that statuses are read here whatever the shared
 session was built with. `headers` are the engine's own (its `Authorization: Bearer`
 when it has an api_key: vLLM leaves /health and /metrics open but guards /v1/models,
 SGLang guards everything but /health and /metrics; every request carries the key).
+
+Every answer is read within `max_bytes` (`fleet.max_probe_answer_bytes`, see
+`engines/answers.py`): past it the probe fails (`HealthCheck.TOO_LARGE`,
+`MetricsFailure.TOO_LARGE`, `Oversized`) and the connection is closed. JSON answers are
+decoded into the few fields read, so what an engine nests elsewhere is skipped, not
+built; and a /v1/models list is decoded only when it can hold at most `MAX_MODELS` cards.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Final, TypeVar
 
 import aiohttp
+import msgspec
 
+from narwhal.config import FleetConfig
+from narwhal.engines.answers import AnswerTooLarge, read_bounded
 from narwhal.fleet.scrape import parse_engine_metrics
 from narwhal.fleet.state import HealthCheck, MetricsFailure, ScrapeResult
 from narwhal.protocol.dialects import Dialect, capabilities
 
 Headers = Mapping[str, str]
 _NO_HEADERS: Headers = {}
+_T = TypeVar("_T")
+# `fleet.max_probe_answer_bytes`' default, for callers that have no configuration.
+DEFAULT_MAX_ANSWER_BYTES: Final = FleetConfig().max_probe_answer_bytes
 
 
 class Refused:
@@ -36,6 +50,29 @@ class Refused:
 
 
 REFUSED = Refused()
+
+
+@dataclass(frozen=True, slots=True)
+class Oversized:
+    """The answer was over a bound (`reason` says which): the probe failed."""
+
+    reason: str
+
+
+def too_large(path: str, limit: int) -> str:
+    """The reason an answer over `fleet.max_probe_answer_bytes` is given."""
+    return f"{path} answer over fleet.max_probe_answer_bytes ({limit} bytes)"
+
+
+# The cards of /v1/models read at most: a vLLM server lists its model and its LoRA
+# adapters, a few hundred at the very most.
+MAX_MODELS: Final = 10_000
+# Counted before decoding, the JSON objects (`{`) the answer may hold: each card is one
+# and a vLLM card nests one more (its `permission`), so eight a card leaves room for any
+# server's cards; a list past it is refused as over MAX_MODELS. This keeps what decoding
+# builds to a few MB whatever fits in the byte bound (8 MiB of `{},` is 2.8 million cards).
+_MAX_MODEL_OBJECTS: Final = 8 * MAX_MODELS
+_TOO_MANY_MODELS: Final = f"/v1/models answer lists over {MAX_MODELS} models"
 
 # 404 from /metrics: the engine has no such endpoint (transformers serve, DESIGN.md §4).
 _NOT_FOUND = 404
@@ -50,14 +87,17 @@ async def check_health(
     base_url: str,
     per_request: aiohttp.ClientTimeout,
     headers: Headers = _NO_HEADERS,
+    max_bytes: int = DEFAULT_MAX_ANSWER_BYTES,
 ) -> HealthCheck:
     try:
         async with session.get(
             base_url + "/health", timeout=per_request, raise_for_status=False, headers=headers
         ) as response:
             # Read the (tiny) body so the connection goes back to the pool for reuse.
-            await response.read()
+            await read_bounded(response, max_bytes)
             status = response.status
+    except AnswerTooLarge:
+        return HealthCheck.TOO_LARGE
     except TimeoutError:
         return HealthCheck.TIMEOUT
     except aiohttp.ClientConnectorError:
@@ -75,13 +115,16 @@ async def scrape_metrics(
     dialect: Dialect,
     per_request: aiohttp.ClientTimeout,
     headers: Headers = _NO_HEADERS,
+    max_bytes: int = DEFAULT_MAX_ANSWER_BYTES,
 ) -> ScrapeResult:
     try:
         async with session.get(
             base_url + "/metrics", timeout=per_request, raise_for_status=False, headers=headers
         ) as response:
-            body = await response.read()
+            body = await read_bounded(response, max_bytes)
             status = response.status
+    except AnswerTooLarge:
+        return MetricsFailure.TOO_LARGE
     except TimeoutError:
         return MetricsFailure.TIMEOUT
     except aiohttp.ClientConnectorError:
@@ -108,22 +151,28 @@ async def list_models(
     base_url: str,
     per_request: aiohttp.ClientTimeout,
     headers: Headers = _NO_HEADERS,
-) -> dict[str, int | None] | Refused | None:
+    max_bytes: int = DEFAULT_MAX_ANSWER_BYTES,
+) -> dict[str, int | None] | Refused | Oversized | None:
     """The model ids of the engine's GET /v1/models, each with its context length when
     the card says (vLLM's `max_model_len`); REFUSED when the engine refused the router's
-    credentials, None when it cannot tell."""
-    body = await _get_json(session, base_url + "/v1/models", per_request, headers)
-    if body is REFUSED:
-        return REFUSED
-    data = body.get("data") if isinstance(body, dict) else None
-    if not isinstance(data, list):
+    credentials, Oversized when the answer is over a bound, None when it cannot tell."""
+    raw = await _get(session, base_url, "/v1/models", per_request, headers, max_bytes)
+    if not isinstance(raw, bytes):
+        return raw
+    if raw.count(b"{") > _MAX_MODEL_OBJECTS:
+        return Oversized(_TOO_MANY_MODELS)
+    listing = _decode(raw, _ModelList)
+    if listing is None:
         return None
+    if len(listing.data) > MAX_MODELS:
+        return Oversized(_TOO_MANY_MODELS)
     models: dict[str, int | None] = {}
-    for card in data:
-        if isinstance(card, dict) and isinstance(card.get("id"), str):
-            context = card.get("max_model_len")
-            valid = type(context) is int and context > 0
-            models[card["id"]] = context if valid else None
+    for card in listing.data:
+        # A card with no usable id is skipped, as is a context length that is not one.
+        model = _decode(card.id, str) if card.id else None
+        if model is not None:
+            context = _decode(card.max_model_len, int) if card.max_model_len else None
+            models[model] = context if context is not None and context > 0 else None
     return models
 
 
@@ -132,28 +181,59 @@ async def engine_version(
     base_url: str,
     per_request: aiohttp.ClientTimeout,
     headers: Headers = _NO_HEADERS,
-) -> str | None:
-    """The engine's GET /version (vLLM: `{"version": "0.33.0"}`), or None when it cannot
-    tell."""
-    body = await _get_json(session, base_url + "/version", per_request, headers)
-    version = body.get("version") if isinstance(body, dict) else None
-    return version if isinstance(version, str) else None
+    max_bytes: int = DEFAULT_MAX_ANSWER_BYTES,
+) -> str | Oversized | None:
+    """The engine's GET /version (vLLM: `{"version": "0.33.0"}`), Oversized when the
+    answer is over the bound, or None when it cannot tell."""
+    raw = await _get(session, base_url, "/version", per_request, headers, max_bytes)
+    if isinstance(raw, Oversized):
+        return raw
+    answer = _decode(raw, _Version) if isinstance(raw, bytes) else None
+    return None if answer is None else answer.version
 
 
-async def _get_json(
-    session: aiohttp.ClientSession, url: str, per_request: aiohttp.ClientTimeout, headers: Headers
-) -> object:
-    """The JSON body of a 200 answer to GET `url`, REFUSED for 401 or 403, or None for
-    anything else."""
+class _Card(msgspec.Struct, gc=False):
+    # Raw: each field is decoded on its own, so that one odd card costs only itself.
+    id: msgspec.Raw = msgspec.Raw()
+    max_model_len: msgspec.Raw = msgspec.Raw()
+
+
+class _ModelList(msgspec.Struct, gc=False):
+    data: list[_Card]
+
+
+class _Version(msgspec.Struct, gc=False):
+    version: str | None = None
+
+
+def _decode(raw: bytes | msgspec.Raw, kind: type[_T]) -> _T | None:
+    """`raw` as a `kind` (unknown fields skipped), or None when it is not one."""
+    try:
+        return msgspec.json.decode(raw, type=kind)
+    except (msgspec.DecodeError, RecursionError):  # (ValidationError is a DecodeError)
+        return None
+
+
+async def _get(
+    session: aiohttp.ClientSession,
+    base_url: str,
+    path: str,
+    per_request: aiohttp.ClientTimeout,
+    headers: Headers,
+    max_bytes: int,
+) -> bytes | Refused | Oversized | None:
+    """The body of a 200 answer to GET `path`, REFUSED for 401 or 403, Oversized over
+    `max_bytes`, or None for anything else."""
     try:
         async with session.get(
-            url, timeout=per_request, raise_for_status=False, headers=headers
+            base_url + path, timeout=per_request, raise_for_status=False, headers=headers
         ) as response:
             if response.status in _REFUSED_CREDENTIALS:
                 return REFUSED
             if response.status != 200:
                 return None
-            body: object = await response.json(content_type=None)
-            return body
-    except (TimeoutError, aiohttp.ClientError, OSError, ValueError):
+            return await read_bounded(response, max_bytes)
+    except AnswerTooLarge:
+        return Oversized(too_large(path, max_bytes))
+    except (TimeoutError, aiohttp.ClientError, OSError):
         return None

@@ -19,7 +19,7 @@ read it is a monitoring failure as soon as the last good scrape is older than
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Final, Literal
 
 from narwhal.fleet.scrape import EngineScrape
@@ -34,6 +34,7 @@ class HealthCheck(enum.Enum):
     TIMEOUT = "timeout"  # no complete answer within fleet.probe_timeout_s
     BAD_STATUS = "bad_status"  # any other status
     ERROR = "error"  # connection dropped mid-answer, malformed HTTP, ...
+    TOO_LARGE = "too_large"  # an answer over fleet.max_probe_answer_bytes
 
 
 class MetricsFailure(enum.Enum):
@@ -45,6 +46,7 @@ class MetricsFailure(enum.Enum):
     TIMEOUT = "timeout"
     UNREACHABLE = "unreachable"
     ERROR = "error"
+    TOO_LARGE = "too_large"  # an answer over fleet.max_probe_answer_bytes
 
 
 ScrapeResult = EngineScrape | MetricsFailure
@@ -56,6 +58,7 @@ STRIKES_TO_DOWN: Final[dict[HealthCheck, int]] = {
     HealthCheck.TIMEOUT: 2,
     HealthCheck.BAD_STATUS: 2,
     HealthCheck.ERROR: 2,
+    HealthCheck.TOO_LARGE: 2,
 }
 
 Status = Literal["unknown", "up", "down"]
@@ -101,6 +104,10 @@ class EngineHealth:
     # The last good scrape since the engine was last seen up: what counters are compared
     # with (one from before it went down would find every comeback a restart).
     counters_since_up: EngineScrape | None = None
+    # Why each probe whose last answer was refused for its size failed, by path
+    # ("/metrics": "/metrics answer over fleet.max_probe_answer_bytes (8388608 bytes)");
+    # a path leaves once its probe gets an answer within the bounds again.
+    oversized: dict[str, str] = field(default_factory=dict)
 
     @property
     def healthy(self) -> bool:

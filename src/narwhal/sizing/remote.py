@@ -21,7 +21,10 @@ of more than one text, and chat messages with parts other than text (an image wo
 the engine fetch and process it just to count it).
 
 Every call is bounded: at most `max_in_flight` at once (past that the caller falls back at
-once rather than queue behind a busy engine), `timeout_s` each, answers of at most 1 MiB.
+once rather than queue behind a busy engine), `timeout_s` each, answers of at most 1 MiB
+(read a socket read at a time, given up and the connection closed as soon as one passes
+it: `engines/answers.py`), of which only `count` is decoded (the `tokens` list is skipped,
+not built).
 How long the calls take (answered or timed out) is followed (`latency_s`), so a caller
 that can wait only so long knows when waiting is in vain.
 An engine that answers 404 or 405 has no endpoint: it is not asked again for
@@ -43,6 +46,7 @@ from typing import Any, Final, Literal, NamedTuple
 import aiohttp
 import msgspec
 
+from narwhal.engines.answers import AnswerTooLarge, read_bounded
 from narwhal.protocol.requests import CompletionRequest, Route
 from narwhal.sizing.cache import CountCache
 from narwhal.sizing.local import token_id_count
@@ -264,17 +268,17 @@ class EngineTokenizer:
                 if response.status != 200:
                     self.failures["status"] += 1
                     return None
-                raw = await _read_capped(response, _MAX_ANSWER_BYTES)
-                if raw is None:
-                    self.failures["too_large"] += 1
-                    return None
+                raw = await read_bounded(response, _MAX_ANSWER_BYTES)
+        except AnswerTooLarge:
+            self.failures["too_large"] += 1
+            return None
         except TimeoutError:
             self.failures["timeout"] += 1
             return None
         except (aiohttp.ClientError, OSError):
             self.failures["unreachable"] += 1
             return None
-        count = _answer_count(raw)
+        count = answer_count(raw)
         if count is None:
             self.failures["bad_answer"] += 1
         return count
@@ -294,25 +298,14 @@ class EngineTokenizer:
         )
 
 
-async def _read_capped(response: aiohttp.ClientResponse, limit: int) -> bytes | None:
-    """The whole body, or None as soon as it is known to be over `limit` bytes."""
-    length = response.content_length
-    if length is not None and length > limit:
-        return None
-    body = bytearray()
-    async for chunk in response.content.iter_any():
-        body += chunk
-        if len(body) > limit:
-            return None
-    return bytes(body)
+class _Answer(msgspec.Struct, gc=False):
+    count: int  # bool is no int to msgspec
 
 
-def _answer_count(raw: bytes) -> int | None:
+def answer_count(raw: bytes) -> int | None:
+    """A tokenize answer's `count` (an int >= 0), or None when it has none."""
     try:
-        answer = msgspec.json.decode(raw)
-    except msgspec.DecodeError:
+        count = msgspec.json.decode(raw, type=_Answer).count
+    except (msgspec.DecodeError, RecursionError):  # (ValidationError is a DecodeError)
         return None
-    count = answer.get("count") if isinstance(answer, dict) else None
-    if isinstance(count, int) and not isinstance(count, bool) and count >= 0:
-        return count
-    return None
+    return count if count >= 0 else None
