@@ -82,8 +82,6 @@ _DONE_GRACE_S = 0.01
 _RETRYABLE = (EngineUnavailable, EngineError, EngineOutputError, TruncatedStream)
 
 
-
-
 def _unavailable(reason: str) -> RouterUnavailable:
     return RouterUnavailable(f"This router is not serving requests ({reason}).")
 
