@@ -125,14 +125,14 @@ def router_config(
         admission.update(mode="open", queue_limit=GENEROUS, wait_timeout_s=600)
         admission["phase_concurrency"] = {"prefill": GENEROUS, "decode": GENEROUS}
     config = {
-        "model": MODEL,
+        "model": harness.MODEL,
         "serving": {"host": HOST, "port": 0, "max_retained": GENEROUS, "request_timeout_s": 600},
         "admission": admission,
         "engines": [
             {
                 "name": name,
                 "url": sim.url,
-                "dialect": "vllm",
+                "dialect": DIALECT[0],
                 "role": role,
                 # (for real engines, the router's default: what it knows of the engine
                 # is what it measures)
@@ -290,6 +290,7 @@ DISCIPLINE = ["chunked"]  # the sims' --prefill-discipline (set from --disciplin
 
 ENGINE = ["sim"]  # --engine: sim, or vllm (real engines started once, kept across runs)
 REAL: list[Server] = []  # the real engines, when --engine is not sim
+DIALECT = ["vllm"]  # the engines' dialect in the router's configuration
 
 
 def start_fleet(procs: Processes, tag: str, flags: Sequence[Sequence[str]]) -> list[Server]:
@@ -314,7 +315,11 @@ def stop_fleet(procs: Processes, engines: Sequence[Server]) -> None:
 
 
 def drained(engine: Server, timeout_s: float = 180.0) -> None:
-    """Until the engine's own metrics show nothing running or waiting (vLLM)."""
+    """Until the engine's own metrics show nothing running or waiting (vLLM; an engine
+    without them, `transformers serve`, is given a few seconds to finish its last)."""
+    if DIALECT[0] != "vllm":
+        time.sleep(3.0)
+        return
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         busy = 0.0
@@ -329,20 +334,32 @@ def drained(engine: Server, timeout_s: float = 180.0) -> None:
 
 @contextlib.contextmanager
 def real_engines(kind: str, count: int, log_dir: Path) -> Iterator[None]:
-    """`count` real vLLM engines (vLLM's CPU build from .venv-engines, the test tier's tiny
-    model, one core each, a context of 8,192 tokens) for the whole script."""
-    from tests.real.engines import built_model, vllm_engine
+    """`count` real engines for the whole script, the test tier's tiny model, one core
+    each: vLLM's CPU build (a context of 8,192 tokens), or `transformers serve` with
+    continuous batching on (`transformers-cb`) or off (`transformers-nocb`), whose
+    requests name the model by its path (the router's `model` then) and which speaks
+    the plain OpenAI dialect (no token IDs)."""
+    from tests.real.engines import built_model, transformers_engine, vllm_engine
 
-    if kind != "vllm":
-        raise SystemExit(f"--engine {kind}: only sim and vllm are supported")
+    if kind not in ("vllm", "transformers-cb", "transformers-nocb"):
+        raise SystemExit(f"--engine {kind}: not a known engine")
     model = built_model()
     with contextlib.ExitStack() as stack:
         for core in range(count):
-            engine = stack.enter_context(
-                vllm_engine(model, log_dir, served_name=MODEL, core=core, max_model_len=8192)
-            )
-            harness.log(f"vllm{core}: {engine.url}, /health after {engine.started_s:.0f}s")
-            REAL.append(Server(f"vllm{core}", engine.proc, engine.url, engine.log))
+            if kind == "vllm":
+                engine = stack.enter_context(
+                    vllm_engine(model, log_dir, served_name=MODEL, core=core, max_model_len=8192)
+                )
+            else:
+                engine = stack.enter_context(
+                    transformers_engine(
+                        model, log_dir, continuous_batching=kind == "transformers-cb"
+                    )
+                )
+                harness.MODEL = str(model)
+                DIALECT[0] = "openai"
+            harness.log(f"{kind}{core}: {engine.url}, /health after {engine.started_s:.0f}s")
+            REAL.append(Server(f"{kind}{core}", engine.proc, engine.url, engine.log))
         try:
             yield
         finally:
@@ -769,7 +786,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--policies", default=",".join(POLICIES), help="which to run")
     parser.add_argument(
         "--engine",
-        choices=("sim", "vllm"),
+        choices=("sim", "vllm", "transformers-cb", "transformers-nocb"),
         default="sim",
         help="the fleet: narwhal sim, or real vLLM (CPU build, from .venv-engines: "
         "scripts/install_engines.sh) serving the test tier's tiny model, one core each",
