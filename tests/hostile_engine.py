@@ -5,7 +5,9 @@ server (the router's `openai` dialect: no /metrics, no /tokenize needed) on one 
 loopback ports. Every completion request gets the body `script(request_body)` returns:
 its pieces are written one by one (each one write, so the router may read them apart;
 `pause_after` makes sure), then the response ends, or with `abort=True` the connection
-is dropped without ending the chunked body (the router sees a broken stream).
+is dropped without ending the chunked body (the router sees a broken stream). A script
+with a `flood` then writes it over and over, as fast as the router reads, for `flood_s`
+seconds (or until the router hangs up), and then its `after` pieces.
 
 The pieces are the test's own objects: a test that measures the router's memory builds
 them before its baseline, so the engine allocates nothing it has to tell apart.
@@ -32,6 +34,9 @@ class Script:
     # the response before the rest comes (a failure after it is one after the headers).
     pause_after: int | None = None
     pause_s: float = 0.1
+    flood: bytes = b""  # written again and again after the pieces, for `flood_s` seconds
+    flood_s: float = 0.0
+    after: Sequence[bytes] = ()  # written after the flood
 
 
 def sse(event: Any) -> bytes:
@@ -47,6 +52,7 @@ class HostileEngine:
         self._runner: web.AppRunner | None = None
         self.urls: list[str] = []
         self.requests = 0
+        self.flooded = 0  # bytes the last flood wrote
 
     async def __aenter__(self) -> HostileEngine:
         app = web.Application()
@@ -95,6 +101,10 @@ class HostileEngine:
                 if i == script.pause_after:
                     await asyncio.sleep(script.pause_s)
                 await response.write(piece)
+            if script.flood:
+                await self._flood(response, script.flood, script.flood_s)
+            for piece in script.after:
+                await response.write(piece)
         except ConnectionError:
             return response  # the router hung up (it refused what it read): no error here
         if script.abort:
@@ -103,3 +113,11 @@ class HostileEngine:
             return response
         await response.write_eof()
         return response
+
+    async def _flood(self, response: web.StreamResponse, flood: bytes, seconds: float) -> None:
+        self.flooded = 0
+        end = asyncio.get_running_loop().time() + seconds
+        while asyncio.get_running_loop().time() < end:
+            await response.write(flood)  # waits only while the router's socket is full
+            self.flooded += len(flood)
+            await asyncio.sleep(0)  # the write may not wait: the test's own tasks run too
