@@ -5,7 +5,8 @@ While the engine floods, comment lines with a data event every `GAP` bytes for a
 seconds, a client polls `GET /health`: its p99 stays under 100 ms. Then the engine sends
 more comment lines in a row than `fleet.max_event_bytes` allows between events: that is
 an engine fault, and the already started stream ends with an error event (no `[DONE]`)
-and one `upstream_error` outcome.
+and one `upstream_error` outcome. One that sends nothing but comments is answered 502
+before any event, as for any other engine fault.
 
 The engine runs in this test's loop (`tests/hostile_engine.py`), the router in its own
 process, as the operator runs it. The latency limit is wall-clock time, so the test runs
@@ -24,7 +25,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from tests.e2e.conftest import MODEL, chat, metrics_of
+from tests.e2e.conftest import MODEL, chat, metrics_of, send
 from tests.hostile_engine import HostileEngine, Script, sse
 from tests.processes import router_process
 
@@ -46,6 +47,9 @@ STOP = choice(delta={}, finish_reason="stop")
 
 
 def flooding(body: dict[str, Any]) -> Script:
+    if body["messages"][-1]["content"] == "comments only":
+        # Nothing but comments, from the start, for longer than the test would wait.
+        return Script([], flood=COMMENTS, flood_s=10 * FLOOD_S, after=[ROLE, STOP])
     return Script(
         [ROLE, HELLO],
         pause_after=1,  # the response starts before the flood
@@ -110,3 +114,21 @@ async def test_a_comment_flood_neither_blocks_the_loop_nor_goes_unbounded() -> N
         'narwhal_outcomes_total{outcome="upstream_error"}': 1
     }
     assert p99 < 0.1, latencies[-10:]
+
+
+@pytest.mark.parametrize("stream", [True, False])
+async def test_an_engine_that_sends_only_comments_is_a_502(stream: bool) -> None:
+    async with HostileEngine(flooding) as engine:
+        settings = engine.settings(MODEL)
+        settings["fleet"]["max_event_bytes"] = LIMIT
+        with contextlib.ExitStack() as stack:
+            router = await asyncio.to_thread(stack.enter_context, router_process(settings))
+            before = await metrics_of(router.url)
+            reply = await send(router.url, chat("comments only", stream=stream), timeout=FLOOD_S)
+            after = await metrics_of(router.url)
+    assert reply.status == 502, reply.raw
+    error = reply.json()["error"]
+    assert error["code"] == "upstream_error" and "without an event" in error["message"], error
+    assert engine.requests == 1
+    outcome = 'narwhal_outcomes_total{outcome="upstream_error"}'
+    assert after[outcome] - before.get(outcome, 0) == 1
