@@ -63,7 +63,7 @@ _HIGH_WATER: Final = 1 << 20
 # engine that sends as fast as the socket takes would otherwise have the loop read it
 # up to 8 MB at a time (uvloop reads a readable socket until it is empty, 32 times),
 # and everything else (health checks, other streams) wait behind it.
-_BURST_BYTES: Final = 1 << 20
+_BURST_BYTES: Final = 256 << 10
 _TOKEN: Final = re.compile(r"[-!#$%&'*+.^_`|~0-9A-Za-z]+")
 _TARGET: Final = re.compile(r"/[!-~]*")  # origin-form: visible ASCII, no spaces
 _SET_BY_CLIENT: Final = frozenset({"host", "content-length", "transfer-encoding"})

@@ -336,7 +336,7 @@ class SSEDecoder:
                 start = pos
                 if pos >= n:
                     break
-            if not work.startswith(b"data", pos) and (start >= 0 or self._data is None):
+            if not work.startswith(b"data", pos):
                 # Lines that are not data (maybe a flood of them): a stretch at a time.
                 skipped = self._skip(work, pos, start, cr)
                 if skipped is not None:
