@@ -384,7 +384,7 @@ def test_any_mix_of_lines_decodes_as_the_rules_say_however_split(
 
 FLOODS = [
     b":\n\n", b"\n", b"\r", b"\r\n", b": keep-alive\n\n", b":\r\n\r\n", b"event: x\n\n",
-    b"id: 1\n\n", b"retry: 5\r\r", b"foo\n\n",
+    b"id: 1\n\n", b"retry: 5\r\r", b"foo\n\n", b"datax: 1\n\n",
 ]  # fmt: skip
 
 
@@ -438,7 +438,7 @@ def test_each_event_starts_a_new_count_and_the_total_is_kept() -> None:
 
 
 @pytest.mark.parametrize(
-    "flood", [b":\n\n", b"\n", b"event: x\n", b": keep-alive\r\n\r\n"], ids=repr
+    "flood", [b":\n\n", b"\n", b"event: x\n", b": keep-alive\r\n\r\n", b"datax\n\n"], ids=repr
 )
 def test_lines_without_an_event_are_parsed_at_data_speed(flood: bytes) -> None:
     """16 MiB of them in 64 KiB reads: well under a second (a line at a time, they took

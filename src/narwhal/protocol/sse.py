@@ -164,7 +164,8 @@ class SSEDecoder:
     def feed(self, chunk: bytes) -> list[SSEEvent]:
         """Take the next bytes of the stream; return the events they complete.
 
-        Raises EventTooLarge when an event, or the unfinished one, passes the limit."""
+        Raises EventTooLarge when an event, or the unfinished one, passes the limit
+        (NoEventInLimit, one of them, when the bytes of no event before it pass it)."""
         try:
             return self._feed(chunk)
         except EventTooLarge as error:
@@ -336,7 +337,7 @@ class SSEDecoder:
                 start = pos
                 if pos >= n:
                     break
-            if not work.startswith(b"data", pos):
+            if not work.startswith(b"data", pos) or work[pos + 4 : pos + 5] not in b":\r\n":
                 # Lines that are not data (maybe a flood of them): a stretch at a time.
                 skipped = self._skip(work, pos, start, cr)
                 if skipped is not None:
