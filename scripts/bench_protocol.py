@@ -73,6 +73,32 @@ def _format(event: dict[str, Any]) -> bytes:
     return format_event(encode_event(event))
 
 
+def relay_decode(chunks: list[bytes]) -> None:
+    """The decoder as the relay drives it: `single`, else `feed_run`."""
+    decoder = SSEDecoder()
+    single = decoder.single
+    feed_run = decoder.feed_run
+    for chunk in chunks:
+        if single(chunk) is None:
+            feed_run(chunk)
+
+
+# Lines that are no event, as a hostile engine floods them (and vLLM's keep-alive).
+FLOODS = [b":\n\n", b"\n", b"event: x\n\n", b": keep-alive\r\n\r\n", b"\r"]
+
+
+def flood_mb_per_s(unit: bytes, read: int = 1 << 16, total: int = 8 << 20) -> float:
+    chunk = unit * (read // len(unit))
+    best = float("inf")
+    for _ in range(5):
+        decoder = SSEDecoder(max_event_bytes=2 * total)
+        start = time.perf_counter()
+        for _ in range(total // len(chunk)):
+            decoder.feed(chunk)
+        best = min(best, time.perf_counter() - start)
+    return total // len(chunk) * len(chunk) / best / 1e6
+
+
 def assemble(chunks: list[bytes]) -> None:
     decoder = SSEDecoder()
     assembler = Assembler("chat", DEFAULT_CLIENT)
@@ -104,6 +130,7 @@ def main() -> None:
     print(f"{n} events, {args.per_read} per read, {len(CHUNK)} bytes each")
     rows = [
         ("SSE decode only", sse_only),
+        ("SSE decode as the relay drives it (single, feed_run)", relay_decode),
         ("relay, client asked IDs+usage (raw bytes forwarded)", relay(IDS_AND_USAGE)),
         ("relay, default client (IDs removed, re-encoded)", relay(DEFAULT_CLIENT)),
         (
@@ -117,6 +144,10 @@ def main() -> None:
     single = [CHUNK] * n  # one event per read: the worst case for per-read overhead
     print(f"{best_us_per_event(relay(DEFAULT_CLIENT), single, n):7.2f} µs/event  "
           "relay, default client, one event per read")  # fmt: skip
+    for unit in FLOODS:
+        print(
+            f"{flood_mb_per_s(unit):7.0f} MB/s     SSE decode of lines that are no event, {unit!r}"
+        )
 
 
 if __name__ == "__main__":

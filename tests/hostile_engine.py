@@ -7,7 +7,9 @@ with `status` other than 200, the pieces joined as one `application/json` error 
 (what an engine's 4xx or 5xx answer looks like); else an event stream whose pieces are
 written one by one (each one write, so the router may read them apart;
 `pause_after` makes sure), then the response ends, or with `abort=True` the connection
-is dropped without ending the chunked body (the router sees a broken stream).
+is dropped without ending the chunked body (the router sees a broken stream). A script
+with a `flood` then writes it over and over, as fast as the router reads, for `flood_s`
+seconds (or until the router hangs up), and then its `after` pieces.
 
 The pieces are the test's own objects: a test that measures the router's memory builds
 them before its baseline, so the engine allocates nothing it has to tell apart.
@@ -42,6 +44,9 @@ class Script:
     pause_after: int | None = None
     pause_s: float = 0.1
     status: int = 200  # not 200: an error answer, the pieces its JSON body
+    flood: bytes = b""  # written again and again after the pieces, for `flood_s` seconds
+    flood_s: float = 0.0
+    after: Sequence[bytes] = ()  # written after the flood
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,6 +85,7 @@ class HostileEngine:
         self._runner: web.AppRunner | None = None
         self.urls: list[str] = []
         self.requests = 0
+        self.flooded = 0  # bytes the last flood wrote
 
     async def __aenter__(self) -> HostileEngine:
         app = web.Application()
@@ -165,6 +171,10 @@ class HostileEngine:
                 if i == script.pause_after:
                     await asyncio.sleep(script.pause_s)
                 await response.write(piece)
+            if script.flood:
+                await self._flood(response, script.flood, script.flood_s)
+            for piece in script.after:
+                await response.write(piece)
         except ConnectionError:
             return response  # the router hung up (it refused what it read): no error here
         if script.abort:
@@ -173,3 +183,11 @@ class HostileEngine:
             return response
         await response.write_eof()
         return response
+
+    async def _flood(self, response: web.StreamResponse, flood: bytes, seconds: float) -> None:
+        self.flooded = 0
+        end = asyncio.get_running_loop().time() + seconds
+        while asyncio.get_running_loop().time() < end:
+            await response.write(flood)  # waits only while the router's socket is full
+            self.flooded += len(flood)
+            await asyncio.sleep(0)  # the write may not wait: the test's own tasks run too

@@ -153,8 +153,9 @@ class FleetConfig(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True)
     # robin (for comparison; what simple proxies do).
     policy: Literal["load", "round_robin", "cache_aware"] = "load"
     prefix_index: PrefixIndexConfig = PrefixIndexConfig()
-    # The longest SSE event taken from an engine (its bytes, blank line included), and what
-    # an unfinished one may hold: past it the attempt fails. Null: `Config.max_event_bytes`.
+    # The longest SSE event taken from an engine (its bytes, blank line included, with the
+    # lines of no event since the one before), and what an unfinished one may hold: past
+    # it the attempt fails. Null: `Config.max_event_bytes`.
     max_event_bytes: ByteLimit | None = None
     # What a non-streaming answer may be assembled from: its events' data, in bytes (it is
     # held whole until the end). Null: `Config.max_response_bytes`.

@@ -59,6 +59,11 @@ from narwhal.protocol.http1 import HTTPProtocolError, ResponseParser
 
 # Reading pauses while more than this many received bytes wait for the consumer.
 _HIGH_WATER: Final = 1 << 20
+# After this many bytes in a row from one connection, it sits out a loop iteration: an
+# engine that sends as fast as the socket takes would otherwise have the loop read it
+# up to 8 MB at a time (uvloop reads a readable socket until it is empty, 32 times),
+# and everything else (health checks, other streams) wait behind it.
+_BURST_BYTES: Final = 256 << 10
 _TOKEN: Final = re.compile(r"[-!#$%&'*+.^_`|~0-9A-Za-z]+")
 _TARGET: Final = re.compile(r"/[!-~]*")  # origin-form: visible ASCII, no spaces
 _SET_BY_CLIENT: Final = frozenset({"host", "content-length", "transfer-encoding"})
@@ -249,6 +254,8 @@ class _Connection(asyncio.Protocol):
         self._idle_timer: asyncio.TimerHandle | None = None
         self._unread = 0  # bytes received since the consumer last took the body
         self._paused = False
+        self._burst = 0  # bytes received since reading last yielded to the loop
+        self._yielding = False  # reading paused until the loop has gone round once
         self.consumer: BodyConsumer | None = None  # push mode, see UpstreamResponse
 
     # -- asyncio.Protocol --------------------------------------------------------------
@@ -268,6 +275,9 @@ class _Connection(asyncio.Protocol):
             self.abort("unsolicited bytes on an idle connection")
             return
         self.received = True
+        self._burst += len(data)
+        if self._burst > _BURST_BYTES:
+            self._yield()
         try:
             parser.feed(data)
         except HTTPProtocolError as e:
@@ -285,7 +295,8 @@ class _Connection(asyncio.Protocol):
         self._unread += len(data)
         if self._unread > _HIGH_WATER and not self._paused:
             self._paused = True
-            cast(asyncio.Transport, self._transport).pause_reading()
+            if not self._yielding:
+                cast(asyncio.Transport, self._transport).pause_reading()
         waiter = self._waiter
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
@@ -338,14 +349,27 @@ class _Connection(asyncio.Protocol):
         """Stop reading until `body_taken` (the consumer's own backpressure)."""
         if not self._paused:
             self._paused = True
-            if not self.closed:
+            if not self.closed and not self._yielding:
                 cast(asyncio.Transport, self._transport).pause_reading()
+
+    def _yield(self) -> None:
+        """Stop reading for one turn of the loop (see `_BURST_BYTES`)."""
+        self._burst = 0
+        if not self._paused and not self._yielding and not self.closed:
+            self._yielding = True
+            cast(asyncio.Transport, self._transport).pause_reading()
+            asyncio.get_running_loop().call_soon(self._yielded)
+
+    def _yielded(self) -> None:
+        self._yielding = False
+        if not self._paused and not self.closed:
+            cast(asyncio.Transport, self._transport).resume_reading()
 
     def body_taken(self) -> None:
         self._unread = 0
         if self._paused:
             self._paused = False
-            if not self.closed:
+            if not self.closed and not self._yielding:
                 cast(asyncio.Transport, self._transport).resume_reading()
 
     def release(self) -> None:
