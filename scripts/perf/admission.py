@@ -227,9 +227,11 @@ def workload(
     """`narwhal bench` flags for the workload: requests, lengths, seed, budget, bounds."""
     prompts = prompts or args.prompts
     outputs = outputs or args.outputs
+    # (an engine of the plain OpenAI dialect refuses vLLM's fields: no ignore_eos, no IDs)
+    fields = ("--ignore-eos",) if DIALECT[0] == "vllm" else ("--no-token-ids",)
     return [
         *("-n", str(requests), "--seed", str(args.seed)),
-        *("--prompt-tokens", prompts, "--max-tokens", outputs, "--ignore-eos"),
+        *("--prompt-tokens", prompts, "--max-tokens", outputs, *fields),
         *("--slo-ttft", str(args.budget), "--timeout", "300", "--duration", f"{duration:.0f}"),
     ]
 
