@@ -419,6 +419,7 @@ def test_a_request_queued_when_the_lease_is_lost_gets_the_503_and_in_flight_work
 
         slow = chat(max_tokens=3)
         slow["messages"][0]["content"] = "#sim:slow_prefill=2.5 hi"
+
         def gauge(name: str) -> float:
             page = urllib.request.urlopen(leader_proc.url + "/metrics").read().decode()
             return samples(page)[name]
