@@ -122,8 +122,6 @@ async def test_an_engines_own_limit_is_waited_for_in_the_admission_queue(
     )
     config["engines"][0]["phase_concurrency"] = {"prefill": 1}
     with router_process(config) as router:
-        loop = asyncio.get_running_loop()
-        started = loop.time()
         first = asyncio.create_task(send(router.url, chat("#sim:slow_prefill=1 a")))
         await wait_for(router, "narwhal_prefill_slots_in_use", 1)
         second = asyncio.create_task(send(router.url, chat("b")))
@@ -134,7 +132,9 @@ async def test_an_engines_own_limit_is_waited_for_in_the_admission_queue(
         late = await second
         assert late.status == 504, late.raw
         assert late.json()["error"]["code"] == "terminal_expiry"
-        assert loop.time() - started < 0.9  # expired at its wait, long before the first ended
+        # Expired at its wait (0.3 s), long before the first ends (1 s in prefill): told by
+        # the order of the answers, not by the clock, which a loaded machine stretches.
+        assert not first.done()
         assert (await first).status == 200
         values = await assert_all_released(router)
         assert values['narwhal_expired_total{stage="admission_wait"}'] == 1
