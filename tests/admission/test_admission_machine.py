@@ -104,12 +104,16 @@ class AdmissionMachine(RuleBasedStateMachine):
 
     @rule(prompt=st.integers(1, 4000))
     def arrive_and_start(self, prompt: int) -> None:
+        self.arrive(prompt)
+
+    def arrive(self, prompt: int) -> Ticket | None:
+        """A request arrives and starts; the ticket, if its handler is still running."""
         try:
             self.admission.arrive()
         except CapacityRejected as rejection:
             assert rejection.reason == "retention"
             assert len(self.held) == RETAINED
-            return
+            return None
         ticket = Ticket(PlacementRequest.sized("chat", prompt))
         self.held.append(ticket)
         try:
@@ -118,15 +122,19 @@ class AdmissionMachine(RuleBasedStateMachine):
             assert rejection.reason == "queue"
             assert ticket.state is TicketState.NEW
             self._gone(ticket)
-            return
+            return None
         self._apply(wakeups, ticket)
         if ticket in wakeups.unplaceable:
             self._gone(ticket)
+            return None
+        return ticket
 
     @precondition(lambda self: bool(self._in(TicketState.PREFILL)))
     @rule(data=st.data())
     def first_token(self, data: st.DataObject) -> None:
-        ticket = data.draw(st.sampled_from(self._in(TicketState.PREFILL)))
+        self.take_first_token(data.draw(st.sampled_from(self._in(TicketState.PREFILL))))
+
+    def take_first_token(self, ticket: Ticket) -> None:
         self._apply(self.admission.first_token(ticket, self._tick()))
         assert ticket.state is TicketState.DECODE
 
@@ -153,7 +161,9 @@ class AdmissionMachine(RuleBasedStateMachine):
     @precondition(lambda self: bool(self._in(TicketState.PREFILL)))
     @rule(data=st.data(), on_prefill=st.booleans())
     def attempt_fails_before_headers(self, data: st.DataObject, on_prefill: bool) -> None:
-        ticket = data.draw(st.sampled_from(self._in(TicketState.PREFILL)))
+        self.fail_attempt(data.draw(st.sampled_from(self._in(TicketState.PREFILL))), on_prefill)
+
+    def fail_attempt(self, ticket: Ticket, on_prefill: bool) -> None:
         plan = ticket.plan
         assert plan is not None
         failed = plan.first if on_prefill and not ticket.prefill_released else plan.decode
@@ -178,7 +188,9 @@ class AdmissionMachine(RuleBasedStateMachine):
 
     @rule(data=st.data(), up=st.booleans())
     def engine_goes_down_or_comes_back(self, data: st.DataObject, up: bool) -> None:
-        name = data.draw(st.sampled_from([e.name for e in self.engines]))
+        self.set_engine_health(data.draw(st.sampled_from([e.name for e in self.engines])), up)
+
+    def set_engine_health(self, name: str, up: bool) -> None:
         if up:
             self.healthy.add(name)
         else:
@@ -217,6 +229,16 @@ class AdmissionMachine(RuleBasedStateMachine):
         assert not self._in(TicketState.DONE)
 
     @invariant()
+    def a_queued_request_waits_only_for_what_it_can_get(self) -> None:
+        """A request waits in the queue only while some eligible placement avoids the
+        engines that failed it: one no engine can serve is refused at once, not left to
+        wait out its admission wait."""
+        if not hasattr(self, "admission"):
+            return
+        for ticket in self._in(TicketState.QUEUED):
+            assert self.admission.scheduler.could_place(ticket.excluded), "waits in vain"
+
+    @invariant()
     def every_engines_load_matches_the_tickets(self) -> None:
         if not hasattr(self, "admission"):
             return
@@ -248,8 +270,10 @@ class AdmissionMachine(RuleBasedStateMachine):
     def teardown(self) -> None:
         if not hasattr(self, "admission"):
             return
-        for ticket in list(self.held):
-            self._gone(ticket)
+        # One at a time: a release may wake others (placed, or unplaceable, whose handlers
+        # unwind then), so a list taken beforehand would name some of them twice.
+        while self.held:
+            self._gone(self.held[0])
         admission = self.admission
         assert (admission.prefill_in_use, admission.decode_in_use, admission.retained) == (0, 0, 0)
         assert len(admission.queue) == 0
@@ -261,6 +285,28 @@ class AdmissionMachine(RuleBasedStateMachine):
                 0,
                 0,
             )
+
+
+def test_the_machines_counterexample_a_retry_left_waiting_for_an_engine_it_cannot_use() -> None:
+    """The interleaving the machine found (kept here so that it never depends on the
+    Hypothesis database): b's decode engine fails it while p0, the one prefill engine
+    left up, is at its limit; b must be unplaceable at once, not wait in the queue."""
+    machine = AdmissionMachine()
+    machine.build("disaggregated")
+    machine.set_engine_health("p1", up=False)
+    a = machine.arrive(prompt=1)  # p0, which is then at its limit
+    machine.set_engine_health("p1", up=True)
+    b = machine.arrive(prompt=1)  # p1
+    assert a is not None and b is not None
+    assert b.plan is not None and b.plan.first.name == "p1"
+    machine.set_engine_health("p1", up=False)
+    machine.fail_attempt(b, on_prefill=False)  # b's decode engine, d0, fails it
+    machine.router_slots_match_the_tickets()
+    machine.the_queue_is_the_queued_tickets()
+    machine.every_engines_load_matches_the_tickets()
+    machine.a_queued_request_waits_only_for_what_it_can_get()
+    assert b not in machine.held  # unplaceable: its handler has unwound
+    machine.teardown()
 
 
 AdmissionMachine.TestCase.settings = settings(

@@ -201,6 +201,32 @@ def test_retry_with_no_engine_left_is_unplaceable_and_holds_nothing() -> None:
     assert admission.prefill_in_use == 0
 
 
+def test_a_retry_whose_only_decode_engine_failed_is_unplaceable_though_prefill_is_full() -> None:
+    """Found by the admission machine: a request whose decode engine failed, while the one
+    prefill engine left was at its own limit, was queued (to wait for that prefill slot)
+    although no decode engine could ever take it; its client waited out the admission
+    wait for a 504 instead of hearing the engine's failure at once."""
+    healthy = {"p0", "d0"}
+    admission = make(
+        engine("p0", "prefill", prefill=1), engine("p1", "prefill"), engine("d0", "decode"),
+        healthy=healthy, prefill=64,
+    )  # fmt: skip
+    registry = admission.scheduler.registry
+    a, b = ticket(), ticket()
+    assert admission.start(a, 0).started == [a]  # on p0 (p1 is down): p0 is full
+    healthy.add("p1")
+    registry.invalidate()
+    assert admission.start(b, 1).started == [b]
+    assert b.plan is not None and b.plan.first.name == "p1"
+    healthy.discard("p1")
+    registry.invalidate()
+    assert not admission.reconsider(2)
+    wakeups = admission.retry(b, "d0", 3)  # b's decode engine failed it before headers
+    assert wakeups.unplaceable == [b] and b.state is TicketState.NEW
+    assert len(admission.queue) == 0
+    assert loads(admission)["d0"] == (0, 0, 1, 0)  # a's decode place alone
+
+
 def test_a_retry_waits_past_a_full_queue_and_counts_in_it() -> None:
     admission = make(engine("x", prefill=1), engine("y", prefill=1), prefill=64, queue=1)
     a, b, c, d = ticket(), ticket(), ticket(), ticket()

@@ -419,12 +419,27 @@ def test_a_request_queued_when_the_lease_is_lost_gets_the_503_and_in_flight_work
 
         slow = chat(max_tokens=3)
         slow["messages"][0]["content"] = "#sim:slow_prefill=2.5 hi"
+
+        def gauge(name: str) -> float:
+            page = urllib.request.urlopen(leader_proc.url + "/metrics").read().decode()
+            return samples(page)[name]
+
+        # Each step waits (bounded) for the state the next one needs, not for a time: on
+        # a loaded machine the slow request may take longer than any fixed pause to land.
         threads = [threading.Thread(target=send, args=("slow", slow))]
         threads[0].start()
-        time.sleep(0.3)
+        wait_until(
+            lambda: gauge("narwhal_prefill_slots_in_use") == 1,
+            within=10,
+            what="the slow request holds the prefill slot",
+        )
         threads.append(threading.Thread(target=send, args=("queued", chat())))
         threads[1].start()
-        time.sleep(0.2)
+        wait_until(
+            lambda: gauge("narwhal_admission_queue_depth") == 1,
+            within=10,
+            what="the second request waits in the queue",
+        )
         f.proxies["a"].blackhole()
         for thread in threads:
             thread.join(20)

@@ -136,7 +136,10 @@ async def test_an_engine_that_goes_silent_ends_in_a_deadline_and_leaves_placemen
         for reply in replies:
             if reply.status == 504:
                 assert reply.json()["error"]["code"] == "terminal_expiry"
-        await asyncio.sleep(1.5)  # probes time out: e0 leaves placement
+        # e0 leaves placement once two probes in a row have timed out: about 1.5 s, and
+        # longer on a loaded machine, so wait for it (bounded) rather than for a time.
+        left = await settle(router.url, lambda v: v['narwhal_engine_up{engine="e0"}'] == 0)
+        assert left['narwhal_engine_up{engine="e0"}'] == 0, "e0 never left placement"
         later = [
             await send(router.url, chat(max_tokens=4), headers={"X-Request-Timeout": "3"})
             for _ in range(4)

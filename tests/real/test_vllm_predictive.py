@@ -146,13 +146,16 @@ async def test_the_prompt_alone_429_tells_clients_not_to_retry(
 ) -> None:
     """`x-should-retry: false`, which the official client honours: one request, not three."""
     with router_process(predictive(vllm_long, ttft_target_s=0.001)) as router:
+        # (profiled before the router listens, or soon after on a loaded machine: until
+        # then the engine takes no work and the answer would be a 503)
+        await report_until(router, lambda r: r["profile"] is not None, timeout=60.0)
         reply = await send(router.url, completion(FILLER * 600, max_tokens=2))
         assert reply.status == 429 and reply.headers.get("x-should-retry") == "false"
         with openai.OpenAI(base_url=router.url + "/v1", api_key="unused", max_retries=2) as c:
-            started = time.monotonic()
             with pytest.raises(openai.RateLimitError):
                 c.completions.create(model=MODEL, prompt=FILLER * 600, max_tokens=2)
-            assert time.monotonic() - started < 0.5  # no backoff and retry
+        # No retry: the router saw one request from the client, not three (counted, not
+        # timed: a loaded machine may take longer for one than a backoff would).
         values = await metrics_of(router.url)
         assert values["narwhal_offered_total"] == 2
 

@@ -116,6 +116,31 @@ def test_both_engines_serve_when_no_pair_is_eligible() -> None:
     assert plan is not None and plan.prefill is None and plan.decode.name == "b0"
 
 
+def test_no_eligible_decode_engine_is_none_even_while_the_prefill_engines_are_full() -> None:
+    # Whether any engine is left decides before whether one has room: a request that no
+    # engine can serve must not wait for a slot it could never use.
+    s = scheduler(
+        engine("p0", "prefill", phase_concurrency=EnginePhaseConcurrency(prefill=1)),
+        engine("d0", "decode"),
+    )
+    s.registry.entries["p0"].load.prefilling = 1
+    with pytest.raises(NoCapacity):
+        s.plan(request(1))
+    assert s.plan(request(1), exclude={"d0"}) is None
+    assert not s.could_place({"d0"})
+
+
+def test_a_both_engine_serves_when_the_pair_has_no_decode_engine_left() -> None:
+    s = scheduler(
+        engine("p0", "prefill", phase_concurrency=EnginePhaseConcurrency(prefill=1)),
+        engine("d0", "decode"),
+        engine("b0"),
+    )
+    s.registry.entries["p0"].load.prefilling = 1
+    plan = s.plan(request(1), exclude={"d0"})
+    assert plan is not None and plan.prefill is None and plan.decode.name == "b0"
+
+
 def test_round_robin_policy_rotates() -> None:
     s = scheduler(engine("a"), engine("b"), round_robin=True)
     s.registry.entries["a"].load.decoding = 100  # load is ignored

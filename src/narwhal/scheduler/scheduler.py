@@ -100,7 +100,9 @@ class Scheduler:
         registry = self.registry
         prefills = registry.candidates("prefill")
         decodes = registry.candidates("decode")
-        if prefills and decodes:
+        # Whether a pair is left at all is decided before whether it has room: a full
+        # prefill engine must not make a request wait whose every decode engine failed it.
+        if _any_left(prefills, exclude) and _any_left(decodes, exclude):
             prefill = self._pick(prefills, "prefill", request, exclude)
             decode = self._pick(decodes, "decode", request, exclude)
             if prefill is not None and decode is not None:
