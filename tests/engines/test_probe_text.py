@@ -89,3 +89,23 @@ async def test_no_text_short_enough_is_a_profile_error() -> None:
     texts = ProbeText(Counted(lambda text: 50 + len(text.split())), random.Random(5))
     with pytest.raises(ProfileError, match="at most 20 tokens"):
         await texts.build(20)
+
+
+def uneven(text: str) -> int:
+    """A tokenizer whose words take 1 to 6 tokens each (a BPE vocabulary that did not see
+    them), and a BOS: a word less may take one token off, or six."""
+    return 1 + sum(1 + (sum(map(ord, word)) % 6) for word in text.split())
+
+
+@pytest.mark.parametrize("seed", range(12))
+@pytest.mark.parametrize("target", [64, 500])
+async def test_uneven_words_still_find_a_text_within_the_target(seed: int, target: int) -> None:
+    """Near the target, a word less may take a single token off: the search steps down
+    by what the excess needs (at the tokens a word has been seen to take), and goes on
+    past its usual rounds while nothing fits yet, instead of failing the profile."""
+    counter = Counted(uneven)
+    texts = ProbeText(counter, random.Random(seed))
+    text, counted = await texts.build(target)
+    assert counted == uneven(text) <= target
+    assert counted > 0.75 * target
+    assert counter.calls <= 2 * MAX_ROUNDS

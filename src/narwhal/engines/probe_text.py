@@ -21,6 +21,7 @@ prefix an engine could have cached.
 
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import Awaitable, Callable
 from typing import Final
@@ -89,7 +90,9 @@ class ProbeText:
         n = self._words_for(target)
         best: tuple[int, int] | None = None  # (words, count) of the longest text that fits
         tried: dict[int, int] = {}
-        for _ in range(MAX_ROUNDS):
+        for round_ in range(2 * MAX_ROUNDS):
+            if round_ >= MAX_ROUNDS and best is not None:
+                break  # the usual rounds are spent, and a text fits
             n = max(0, min(len(words), n))
             counted = await self._count(_text(words, n))
             self.round_trips += 1
@@ -102,9 +105,12 @@ class ProbeText:
                 best = (n, counted)
             if counted == target:
                 break
-            step = round((target - counted) / self.per_word)
-            if step == 0:
-                step = -1 if counted > target else 1
+            if counted > target:
+                # Down by at least what the excess needs at the tokens a word takes (a
+                # word less may take one token off or several: never step short of it).
+                step = -max(1, math.ceil((counted - target) / self.per_word))
+            else:
+                step = max(1, round((target - counted) / self.per_word))
             n = n + step
             if n in tried:
                 break
