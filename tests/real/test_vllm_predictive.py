@@ -5,6 +5,8 @@ tokens, which today's profile probes fit (the 2,048-token case is test_vllm_flee
 from __future__ import annotations
 
 import asyncio
+import math
+import random
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -178,3 +180,53 @@ async def test_the_models_tokenizer_json_sizes_prompts_in_the_router(
         assert reply.status == 200, reply.raw
         assert reply.json()["usage"]["prompt_tokens"] == len(local.ids)
         assert seen(vllm_long, "/tokenize") == before
+
+
+async def _first_token(session: aiohttp.ClientSession, url: str, prompt: str) -> tuple[int, float]:
+    """A streamed completion: its status and the seconds to its first token (inf when
+    refused), read to its end."""
+    body = completion(prompt, max_tokens=4, stream=True)
+    started = time.monotonic()
+    async with session.post(url + "/v1/completions", json=body) as resp:
+        first = math.inf
+        async for line in resp.content:
+            if math.isinf(first) and resp.status == 200 and line.startswith(b"data: {"):
+                first = time.monotonic() - started
+        return resp.status, first
+
+
+@pytest.mark.alone
+async def test_the_onset_of_an_overload_keeps_the_promise(vllm_long: EngineProcess) -> None:
+    """Light load, then three times what the engine serves, in one step (open loop,
+    Poisson arrivals): while the router's learning catches up, the requests it admits in
+    the overload's first seconds still get their first token within the budget (a tenth
+    of it allowed for the host), and the rest are refused at once."""
+    budget = 0.5
+    prompts = [f"{i}" + FILLER * 120 for i in range(400)]
+    tokens = await _count(vllm_long, prompts[0])
+    with router_process(predictive(vllm_long, ttft_target_s=budget)) as router:
+        report = await report_until(router, lambda r: r["profile"] is not None, timeout=60.0)
+        prefill = report["profile"]["prefill_s"]
+        alone = prefill["base"] + prefill["per_1k_tokens"] * tokens / 1000
+        alone += prefill["per_1k_tokens_squared"] * (tokens / 1000) ** 2
+        capacity = 1.0 / max(alone, 1e-3)  # prompts a second, one after another
+        rng = random.Random(7)
+        phases = ((0.2 * capacity, 4.0, "light"), (3.0 * capacity, 4.0, "overload"))
+        results: dict[str, list[asyncio.Task[tuple[int, float]]]] = {}
+        sent = iter(prompts)
+        async with aiohttp.ClientSession() as session:
+            for rate, seconds, name in phases:
+                tasks = results.setdefault(name, [])
+                until = time.monotonic() + seconds
+                while time.monotonic() < until:
+                    tasks.append(asyncio.create_task(_first_token(session, router.url, next(sent))))
+                    await asyncio.sleep(rng.expovariate(rate))
+            await asyncio.gather(*(t for tasks in results.values() for t in tasks))
+        overload = [t.result() for t in results["overload"]]
+        admitted = [ttft for status, ttft in overload if status == 200]
+        refused = [status for status, _ in overload if status == 429]
+        assert len(admitted) + len(refused) == len(overload), overload
+        assert refused, (capacity, overload)  # three times capacity cannot all be taken
+        assert len(admitted) >= 0.15 * len(overload), (capacity, overload)  # it does admit
+        within = sum(ttft <= 1.1 * budget for ttft in admitted)
+        assert within >= 0.95 * len(admitted), (capacity, sorted(admitted)[-5:])
