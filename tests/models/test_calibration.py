@@ -84,12 +84,31 @@ def test_the_bound_follows_its_own_coverage_where_the_histogram_misses() -> None
         measured = raw * (1.6 if slow else 1.0) * math.exp(rng.gauss(0.0, 0.05))
         bound = followed.upper(raw)
         exceeded += measured > bound
-        followed.add(raw, measured, upper=bound)
+        followed.add(raw, measured, upper=bound, now=0.1 * i)  # ten first tokens a second
     assert exceeded / trials < 0.02
     wide = followed.upper(0.6)
-    for _ in range(400):
-        followed.add(0.6, 0.6, upper=followed.upper(0.6))
+    for i in range(400):
+        followed.add(0.6, 0.6, upper=followed.upper(0.6), now=400.0 + 0.1 * i)
     assert followed.upper(0.6) < wide
+
+
+def test_a_run_of_misses_widens_the_bound_once_and_not_without_limit() -> None:
+    """A host stall makes every request in flight late at once: the misses of one second
+    are one, and however many stalls come, their coverage widens the bound at most 1.6
+    times (the misses here only just over the bound, so the histogram itself moves
+    little)."""
+    calibration = Calibration(budget_s=1.0)
+    for _ in range(500):
+        calibration.add(0.5, 0.5)
+    before = calibration.upper(0.5)
+    late = before * 1.02
+    for _ in range(50):  # fifty late first tokens within one second
+        calibration.add(0.5, late, upper=before, now=10.0)
+    once = calibration.upper(0.5)
+    assert before < once < before * 1.25
+    for second in range(300):  # a stall every second
+        calibration.add(0.5, late, upper=before, now=20.0 + second)
+    assert calibration.upper(0.5) < (0.5 + 0.1) * 1.6 * 1.1 - 0.1
 
 
 def test_an_unseen_class_borrows_from_the_nearest_shorter_one() -> None:

@@ -5,6 +5,7 @@ tokens, which today's profile probes fit (the 2,048-token case is test_vllm_flee
 from __future__ import annotations
 
 import asyncio
+import itertools
 import math
 import random
 import time
@@ -202,8 +203,9 @@ async def test_the_onset_of_an_overload_keeps_the_promise(vllm_long: EngineProce
     the overload's first seconds still get their first token within the budget (a tenth
     of it allowed for the host), and the rest are refused at once."""
     budget = 0.5
-    prompts = [f"{i}" + FILLER * 120 for i in range(400)]
-    tokens = await _count(vllm_long, prompts[0])
+    # Each its own from the first token on: vLLM's prefix cache shares nothing of them.
+    prompts = (f"{i}" + FILLER * 120 for i in itertools.count())
+    tokens = await _count(vllm_long, "0" + FILLER * 120)
     with router_process(predictive(vllm_long, ttft_target_s=budget)) as router:
         report = await report_until(router, lambda r: r["profile"] is not None, timeout=60.0)
         prefill = report["profile"]["prefill_s"]
@@ -213,13 +215,13 @@ async def test_the_onset_of_an_overload_keeps_the_promise(vllm_long: EngineProce
         rng = random.Random(7)
         phases = ((0.2 * capacity, 4.0, "light"), (3.0 * capacity, 4.0, "overload"))
         results: dict[str, list[asyncio.Task[tuple[int, float]]]] = {}
-        sent = iter(prompts)
         async with aiohttp.ClientSession() as session:
             for rate, seconds, name in phases:
                 tasks = results.setdefault(name, [])
                 until = time.monotonic() + seconds
                 while time.monotonic() < until:
-                    tasks.append(asyncio.create_task(_first_token(session, router.url, next(sent))))
+                    request = _first_token(session, router.url, next(prompts))
+                    tasks.append(asyncio.create_task(request))
                     await asyncio.sleep(rng.expovariate(rate))
             await asyncio.gather(*(t for tasks in results.values() for t in tasks))
         overload = [t.result() for t in results["overload"]]

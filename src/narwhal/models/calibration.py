@@ -51,12 +51,17 @@ _OWN: Final = 60  # samples from which a class's own distribution is read
 _FIRM: Final = 400  # samples after which a histogram alone says the bound
 _REFRESH: Final = 8  # samples between two readings of a histogram's quantiles
 _HALF_LIFE: Final = 1500.0  # samples
-# The bound's own coverage, followed: each first token later than its bound widens the
+# The bound's own coverage, followed: a first token later than its bound widens the
 # class's bounds by _STEP (in log terms), each one within narrows them by _STEP x target,
-# so they settle where target of the first tokens exceed them, whatever the histogram
-# missed (errors that come in runs, a class read from another's samples).
+# so they settle where about target of the first tokens exceed them, whatever the
+# histogram missed (errors that come in runs: the prompts that join a step, a burst; a
+# class read from another's samples). Misses come together (a host stall, an engine's
+# hiccup: every request in flight is late at once), so the misses of one _RUN_S window
+# count as one, and the widening is bounded by _INFLATION: one stall must not hold the
+# bounds wide for the next thousand requests.
 _STEP: Final = 0.15
-_INFLATION: Final = (0.7, 3.0)
+_RUN_S: Final = 1.0
+_INFLATION: Final = (0.8, 1.6)
 _LOWEST: Final = 0.05
 _HIGHEST: Final = 50.0
 
@@ -64,7 +69,7 @@ _HIGHEST: Final = 50.0
 class _Errors:
     """The error distribution of one class of projections, its median and bound."""
 
-    __slots__ = ("_histogram", "_since", "inflation", "median", "upper")
+    __slots__ = ("_histogram", "_last_miss", "_since", "inflation", "median", "upper")
 
     def __init__(self, prior: float) -> None:
         self._histogram = DecayedHistogram(
@@ -74,9 +79,15 @@ class _Errors:
         self.median = 1.0
         self.upper = prior
         self.inflation = 1.0
+        self._last_miss = -math.inf
 
-    def outcome(self, exceeded: bool, target: float) -> None:
-        """Whether a first token came later than the bound it was admitted under."""
+    def outcome(self, exceeded: bool, target: float, now: float) -> None:
+        """Whether a first token (at `now`) came later than the bound it was admitted
+        under."""
+        if exceeded:
+            if now - self._last_miss < _RUN_S:
+                return  # the same run of misses
+            self._last_miss = now
         step = _STEP * ((1.0 - target) if exceeded else -target)
         self.inflation = min(_INFLATION[1], max(_INFLATION[0], self.inflation * math.exp(step)))
 
@@ -128,15 +139,21 @@ class Calibration:
         return self._all.samples
 
     def add(
-        self, raw: float, measured: float, *, idle: bool = False, upper: float | None = None
+        self,
+        raw: float,
+        measured: float,
+        *,
+        idle: bool = False,
+        upper: float | None = None,
+        now: float = 0.0,
     ) -> None:
         """A projection (seconds) and what it turned into (seconds, same origin); `idle`:
         made while the engine had nothing of Narwhal's in flight; `upper`: the bound it
-        was given then."""
+        was given then; `now`: when its first token came."""
         if not (math.isfinite(raw) and math.isfinite(measured)) or raw < 0 or measured < 0:
             return
         if upper is not None and math.isfinite(upper):
-            self._errors(raw, idle).outcome(measured > upper, 1.0 - self.quantile)
+            self._errors(raw, idle).outcome(measured > upper, 1.0 - self.quantile, now)
         s = self.additive_s
         ratio = (measured + s) / (raw + s)
         if idle:

@@ -516,7 +516,11 @@ class EngineModel:
         self.observed_at = now
         if pending.projected is not None:
             self.calibration.add(
-                pending.projected, now - pending.placed_at, idle=pending.idle, upper=pending.upper
+                pending.projected,
+                now - pending.placed_at,
+                idle=pending.idle,
+                upper=pending.upper,
+                now=now,
             )
         if pending.solo:
             # Alone on the engine, the measurement is this prompt's own prefill: what the
