@@ -96,6 +96,41 @@ class Run:
     histogram: list[tuple[float, float]] = field(default_factory=list)  # prediction error
     refusal_histogram: list[tuple[float, float]] = field(default_factory=list)  # server side
     health_ms: list[float] = field(default_factory=list)  # GET /health latency meanwhile
+    # From the requests' records: prompt plus output tokens of those within budget per
+    # second, and the refused share of each third of the prompts' length range.
+    goodput_tokens: float | None = None
+    refused_by_class: tuple[float, float, float] | None = None
+
+    def from_records(self, records: Sequence[dict[str, Any]], prompts: str) -> None:
+        window = float(self.summary.get("window_s") or 0.0)
+        if not records or window <= 0:
+            return
+        within = [r for r in records if r.get("meets_slo")]
+        tokens = sum(
+            max(int(r.get("usage_prompt_tokens") or -1), int(r.get("prompt_tokens") or 0))
+            + int(r.get("output_tokens") or 0)
+            for r in within
+        )
+        self.goodput_tokens = tokens / window
+        low, _, high = prompts.partition(":")
+        lo, hi = float(low), float(high or low)
+        edges = (lo + (hi - lo) / 3, lo + 2 * (hi - lo) / 3)
+        shares = []
+        for k in range(3):
+            lower = -math.inf if k == 0 else edges[k - 1]
+            upper = math.inf if k == 2 else edges[k]
+            in_class = [r for r in records if lower <= float(r.get("prompt_tokens") or 0) < upper]
+            refused = [r for r in in_class if r.get("admission") == "refused"]
+            shares.append(len(refused) / len(in_class) if in_class else 0.0)
+        self.refused_by_class = (shares[0], shares[1], shares[2])
+
+    @property
+    def over_bound(self) -> float | None:
+        """The share of admitted first tokens later than their bound (router counters)."""
+        exceeded = self.metrics.get('narwhal_ttft_bound_total{outcome="exceeded"}', 0.0)
+        within = self.metrics.get('narwhal_ttft_bound_total{outcome="within"}', 0.0)
+        total = exceeded + within
+        return exceeded / total if total else None
 
     @property
     def admission(self) -> dict[str, Any]:
@@ -394,7 +429,8 @@ def run_once(
     sims, router = fleet_and_router(procs, tag, policy, args, queue_depth)
     before = scrape(router)
     with HealthProbe(router.url) as probe:
-        summary = bench(procs, router, tag, rate, requests, args)
+        measured = bench_run(procs, router, tag, rate, requests, args, keep_requests=True)
+    summary = measured.summary
     after = scrape(router)
     procs.stop(router)
     stop_fleet(procs, sims)
@@ -408,6 +444,7 @@ def run_once(
         health_ms=probe.latencies_ms,
     )
     run.metrics = {k: after[k] - before.get(k, 0.0) for k in after if "_total" in k}
+    run.from_records(measured.records, args.prompts)
     a = run.admission
     harness.log(
         f"{tag}: offered {a['offered']} admitted {a['admitted']} refused {a['refused']} "
@@ -455,7 +492,7 @@ def run_step(
         threading.Thread(
             target=phase,
             args=("low", low, low_count, t0),
-            kwargs={"duration": STEP_LOW_S, "lead_s": STEP_LEAD_S},
+            kwargs={"duration": STEP_LOW_S, "lead_s": STEP_LEAD_S, "keep_requests": True},
         ),
         threading.Thread(
             target=phase,
@@ -498,8 +535,12 @@ def run_step(
             histogram=histogram_delta("narwhal_ttft_prediction_error_ratio", before, after),
             refusal_histogram=histogram_delta("narwhal_refusal_latency_seconds", before, after),
             health_ms=probe.latencies_ms,
+            # (the router's counters over both phases: the bound's outcomes among them)
+            metrics={k: after[k] - before.get(k, 0.0) for k in after if "_total" in k},
         ),
     ]
+    for run, name in zip(runs, ("low", "high"), strict=True):
+        run.from_records(phases[name].records, args.prompts)
     harness.log(
         f"{tag}: first {ONSET_S:g} s of {STEP_HIGH:g}x: offered {onset['offered']} admitted "
         f"{onset['admitted']} within budget {onset['within']}"
@@ -569,10 +610,13 @@ HEADERS = [
     "rejected",
     "admitted within budget",
     "goodput req/s",
+    "goodput tok/s",
+    "refused short / medium / long",
     "TTFT p50 / p99 ms (admitted)",
     "refusal p50 / p99 ms (client; router)",
     "GET /health p99 ms",
     "projection error p50 / p90",
+    "over bound",
 ]
 
 
@@ -603,10 +647,15 @@ def row(run: Run) -> list[str]:
         str(a["rejected"]),
         f"{100 * (a['admitted_attainment'] or 0):.1f}%",
         fmt(float(s["goodput_per_s"]), 2),
+        "-" if run.goodput_tokens is None else fmt(run.goodput_tokens, 0),
+        "-"
+        if run.refused_by_class is None
+        else " / ".join(f"{100 * share:.0f}%" for share in run.refused_by_class),
         f"{fmt(1e3 * ttft['p50'], 0)} / {fmt(1e3 * ttft['p99'], 0)}",
         refusals,
         floor,
         error,
+        "-" if run.over_bound is None else f"{100 * run.over_bound:.2f}%",
     ]
 
 
@@ -988,6 +1037,23 @@ def _targets(runs: list[Run]) -> str:
                 f"- refusal latency p99 at 2x < 10 ms: {1e3 * p99:.1f} ms "
                 f"-> {'met' if p99 < 0.01 else 'NOT met'}"
             )
+    p3 = by.get(("predictive", 3.0))
+    if p3 is not None and p3.admission["refusal_latency_s"].get("p99") is not None:
+        p99 = float(p3.admission["refusal_latency_s"]["p99"])
+        health = sorted(p3.health_ms)
+        floor = health[int(0.99 * (len(health) - 1))] / 1e3 if health else math.inf
+        met = p99 < 0.02 or p99 <= floor + 0.005
+        lines.append(
+            f"- refusal latency p99 at 3x at the client < 20 ms, or within 5 ms of GET /health "
+            f"p99 ({1e3 * floor:.1f} ms): {1e3 * p99:.1f} ms -> {'met' if met else 'NOT met'}"
+        )
+    bounded = [r for r in predictive if r.over_bound is not None]
+    if bounded:
+        worst_bound = max(float(r.over_bound or 0.0) for r in bounded)
+        lines.append(
+            f"- projection bound exceeded by at most 1% of admitted requests at every level: "
+            f"worst {100 * worst_bound:.2f}% -> {'met' if worst_bound <= 0.01 else 'NOT met'}"
+        )
     return "\n".join(lines)
 
 

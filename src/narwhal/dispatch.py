@@ -366,7 +366,7 @@ class Dispatcher:
                         sink,
                         idle_timeout_s=self._config.fleet.idle_timeout_s,
                     )
-                    first = await first_event.wait(_first_events(stream), client.name)
+                    first = await first_event.wait(_first_events(stream, tracker), client.name)
                     first_event.end()
                     self._first_event_times.observe(client.name, time.monotonic() - started)
                     self.gate.first_token(ticket)
@@ -530,13 +530,21 @@ class Dispatcher:
         return TerminalExpiry("The request deadline expired before the response started.")
 
 
-async def _first_events(stream: EngineStream) -> bytes:
-    """Read until at least one event is in hand (the response status depends on it);
-    the client's bytes for what was read."""
+async def _first_events(stream: EngineStream, tracker: OutputTracker) -> bytes:
+    """Read until the first output is in hand, or the stream says there will be none (a
+    finish, its end); the client's bytes for what was read. Not merely the first event:
+    an engine may send its role chunk as it accepts a request and its first token only
+    when the requests queued ahead of it are done (`transformers serve` does), and the
+    first token is what admission learns from, the response status depends on, and a
+    stalled engine is given up by."""
     payload = b""
-    while not stream.events:
+    while not stream.events or not (
+        tracker.first_output_at is not None or tracker.finish_seen or stream.done
+    ):
         read = await stream.read()
         if read is None:
-            raise TruncatedStream(f"engine {stream.engine_name} sent no events")
+            if not stream.events:
+                raise TruncatedStream(f"engine {stream.engine_name} sent no events")
+            break  # the end: what was read is the answer (its checks come after)
         payload += read
     return payload

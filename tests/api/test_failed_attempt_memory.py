@@ -52,8 +52,10 @@ def _unfinished_event_then_drop() -> Script:
 
 
 def _started_then_unfinished_event_then_drop() -> Script:
-    """A first event (the response starts), then `_unfinished_event_then_drop`."""
-    first = sse({"id": "x", "choices": [{"index": 0, "delta": {"role": "assistant"}}]})
+    """A first output (the response starts), then `_unfinished_event_then_drop`."""
+    first = sse(
+        {"id": "x", "choices": [{"index": 0, "delta": {"role": "assistant", "content": "a"}}]}
+    )
     unfinished = _unfinished_event_then_drop()
     return Script([first, *unfinished.pieces], abort=True)
 
@@ -62,7 +64,9 @@ def _started_then_empty_choices() -> Script:
     """A first event (the response starts), then one event PAYLOAD long (under
     fleet.max_event_bytes) whose choices are one valid choice and millions of empty
     objects: "malformed choice index" once the whole event is decoded."""
-    first = sse({"id": "x", "choices": [{"index": 0, "delta": {"role": "assistant"}}]})
+    first = sse(
+        {"id": "x", "choices": [{"index": 0, "delta": {"role": "assistant", "content": "a"}}]}
+    )
     valid = b'data: {"id":"x","choices":[{"index":0,"delta":{"content":"x"}}'
     empties = (PAYLOAD - len(valid) - 64) // 3
     return Script([first, valid + b",{}" * empties + b"]}\n\n"], pause_after=1)
@@ -70,7 +74,9 @@ def _started_then_empty_choices() -> Script:
 
 def _started_then_not_json() -> Script:
     """A first event (the response starts), then one event PAYLOAD long that is not JSON."""
-    first = sse({"id": "x", "choices": [{"index": 0, "delta": {"role": "assistant"}}]})
+    first = sse(
+        {"id": "x", "choices": [{"index": 0, "delta": {"role": "assistant", "content": "a"}}]}
+    )
     head = b'data: {"id":"x","choices":[{"index":0,"delta":{"content":"'
     return Script([first, head + b"x" * (PAYLOAD - 64) + b"\n\n"], pause_after=1)
 
@@ -78,7 +84,9 @@ def _started_then_not_json() -> Script:
 def _started_then_unfinished_event_then_silence() -> Script:
     """A first event (the response starts), then an unfinished event PAYLOAD long, and
     nothing more for longer than the request's deadline (DEADLINE)."""
-    first = sse({"id": "x", "choices": [{"index": 0, "delta": {"role": "assistant"}}]})
+    first = sse(
+        {"id": "x", "choices": [{"index": 0, "delta": {"role": "assistant", "content": "a"}}]}
+    )
     head = b'data: {"id":"x","choices":[{"index":0,"delta":{"content":"'
     return Script([first, head + b"x" * (PAYLOAD - 64), b"\n\n"], pause_after=2, pause_s=3)
 

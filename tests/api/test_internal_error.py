@@ -81,14 +81,15 @@ class BuggyScorer:
         raise Bug("a bug in the scorer")
 
 
-def _raising_on_call(original: Any, call: int) -> Any:
-    """`original` (a sink's `feed`), raising `Bug` on its `call`-th call."""
+def _raising_on_call(original: Any, call: int, marker: bytes | None = None) -> Any:
+    """`original` (a sink's `feed`), raising `Bug` on its `call`-th call (with `marker`:
+    on the first call whose bytes hold it)."""
     calls = 0
 
     def feed(self: Any, chunk: bytes, now: float) -> bytes:
         nonlocal calls
         calls += 1
-        if calls == call:
+        if calls == call if marker is None else marker in chunk:
             raise Bug("a bug in the stream sink")
         result: bytes = original(self, chunk, now)
         return result
@@ -102,11 +103,12 @@ async def _run(
     *,
     stream: bool,
     bug: Any,
+    pause_after: int = 1,
 ) -> tuple[int | None, bytes, dict[str, float]]:
     """One request through a router whose `bug(router)` has been planted, with two
     engines (so that the scorer has a choice to make); the status (None: the connection
     was cut before the response was whole), the body and the metrics afterwards."""
-    script = Script(pieces, pause_after=1)
+    script = Script(pieces, pause_after=pause_after)
     async with HostileEngine(lambda body: script, ports=2) as engine:
         router = Router(engine.config(MODEL))
         bug(router)
@@ -175,17 +177,25 @@ async def test_a_sink_bug_before_the_response_starts_is_a_500_counted_internal_e
 
 
 @pytest.mark.parametrize(
-    "pieces",
-    [[CHUNK, CHUNK, FINISH], [USAGE, CHUNK, FINISH]],
-    ids=["pushed", "pulled"],
+    ("pieces", "marker"),
+    # (the response starts at the first output: after a usage-only chunk, the chunk
+    # after it; the bug strikes in the read of the finish, after the pause before it)
+    [([CHUNK, CHUNK, FINISH], None), ([USAGE, CHUNK, FINISH], b"finish_reason")],
+    ids=["pushed", "after a usage chunk"],
 )
 async def test_a_sink_bug_while_streaming_is_an_error_event_counted_internal_error(
-    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch, pieces: list[bytes]
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+    pieces: list[bytes],
+    marker: bytes | None,
 ) -> None:
     def plant(router: Router) -> None:
-        monkeypatch.setattr(StreamForwarder, "feed", _raising_on_call(StreamForwarder.feed, 2))
+        feed = _raising_on_call(StreamForwarder.feed, 2, marker)
+        monkeypatch.setattr(StreamForwarder, "feed", feed)
 
-    status, raw, values = await _run(caplog, pieces, stream=True, bug=plant)
+    status, raw, values = await _run(
+        caplog, pieces, stream=True, bug=plant, pause_after=len(pieces) - 1
+    )
     assert status == 200
     events = [line[6:] for line in raw.split(b"\n") if line.startswith(b"data: ")]
     assert events[-1] != b"[DONE]" and b"[DONE]" not in events, raw

@@ -71,8 +71,9 @@ TOKEN_COUNTERS = (
 
 
 def script(body: dict[str, Any]) -> Script:
-    # A pause after the first event: a failure in the next ones comes after the headers.
-    return Script(SCENARIOS[body["messages"][-1]["content"]], pause_after=1)
+    # A pause after the first two events (the role, the first output): a failure in the
+    # next ones comes after the headers.
+    return Script(SCENARIOS[body["messages"][-1]["content"]], pause_after=2)
 
 
 @pytest.fixture
@@ -99,13 +100,14 @@ async def test_non_streaming_is_a_502_after_both_engines(
     assert engine.requests - before == 2  # retried on the other engine
 
 
-# (scenario, the failure comes with the first event: before the response starts)
+# (scenario, the failure comes before the first output: before the response starts,
+# which waits for it; a role chunk alone does not start it)
 STREAMED = [
     ("finish 5", False),
     ("finish 5, no [DONE]", False),
     ("index -1", True),
-    ("delta hi", False),
-    ("tool call without index", False),
+    ("delta hi", True),
+    ("tool call without index", True),
 ]
 
 
