@@ -46,15 +46,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import re
 import select
 import socket
 import ssl
-import urllib.parse
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Final, Protocol, cast
 
+from narwhal.engines.request_head import Origin, parse_origin, request_bytes
 from narwhal.protocol.http1 import HTTPProtocolError, ResponseParser
 
 # Reading pauses while more than this many received bytes wait for the consumer.
@@ -64,9 +62,6 @@ _HIGH_WATER: Final = 1 << 20
 # up to 8 MB at a time (uvloop reads a readable socket until it is empty, 32 times),
 # and everything else (health checks, other streams) wait behind it.
 _BURST_BYTES: Final = 256 << 10
-_TOKEN: Final = re.compile(r"[-!#$%&'*+.^_`|~0-9A-Za-z]+")
-_TARGET: Final = re.compile(r"/[!-~]*")  # origin-form: visible ASCII, no spaces
-_SET_BY_CLIENT: Final = frozenset({"host", "content-length", "transfer-encoding"})
 
 
 class BodyConsumer(Protocol):
@@ -88,24 +83,13 @@ class _StaleConnection(Exception):
     """A reused connection closed before any response byte: send the request again."""
 
 
-@dataclass(frozen=True, slots=True)
-class _Origin:
-    key: tuple[str, str, int]
-    host: str
-    port: int
-    tls: bool
-    label: str  # "host:port", for messages
-    host_header: str
-    prefix: str  # the base URL's path, before every request path
-
-
 class UpstreamPool:
     """Keep-alive HTTP/1.1 connections to engines; `request()` sends on one of them."""
 
     def __init__(self, *, connect_timeout: float = 5.0, idle_timeout: float = 30.0) -> None:
         self._connect_timeout = connect_timeout
         self._idle_timeout = idle_timeout
-        self._origins: dict[str, _Origin] = {}
+        self._origins: dict[str, Origin] = {}
         self._idle: dict[tuple[str, str, int], list[_Connection]] = {}
         self._connections: set[_Connection] = set()
         self._tls: ssl.SSLContext | None = None  # one context for all: costly to build
@@ -124,8 +108,8 @@ class UpstreamPool:
             raise UpstreamConnectionError("the upstream connection pool is closed")
         origin = self._origins.get(url_base)
         if origin is None:
-            origin = self._origins[url_base] = _parse_origin(url_base)
-        message = _request_bytes(origin, method, path, headers, body)
+            origin = self._origins[url_base] = parse_origin(url_base)
+        message = request_bytes(origin, method, path, headers, body)
         connection = self._take_idle(origin)
         if connection is not None:
             try:
@@ -159,7 +143,7 @@ class UpstreamPool:
             raise
         return UpstreamResponse(connection, parser)
 
-    async def _connect(self, origin: _Origin) -> _Connection:
+    async def _connect(self, origin: Origin) -> _Connection:
         loop = asyncio.get_running_loop()
         tls = None
         if origin.tls:
@@ -195,7 +179,7 @@ class UpstreamPool:
         self._connections.add(connection)
         return connection
 
-    def _take_idle(self, origin: _Origin) -> _Connection | None:
+    def _take_idle(self, origin: Origin) -> _Connection | None:
         idle = self._idle.get(origin.key)
         while idle:
             connection = idle.pop()  # the most recent: the least likely to be stale
@@ -238,7 +222,7 @@ class UpstreamPool:
 class _Connection(asyncio.Protocol):
     """One TCP (or TLS) connection; at most one request on it at a time."""
 
-    def __init__(self, pool: UpstreamPool, origin: _Origin) -> None:
+    def __init__(self, pool: UpstreamPool, origin: Origin) -> None:
         self.origin = origin
         self.lost: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self.parser: ResponseParser | None = None  # None while idle
@@ -555,55 +539,3 @@ def _readable(fd: int) -> bool:
     poller = select.poll()  # (not `select.select`: it refuses descriptors past 1023)
     poller.register(fd, select.POLLIN)
     return bool(poller.poll(0))
-
-
-def _parse_origin(url_base: str) -> _Origin:
-    parts = urllib.parse.urlsplit(url_base)
-    scheme = parts.scheme.lower()
-    if scheme not in ("http", "https"):
-        raise ValueError(f"not an http:// or https:// URL: {url_base!r}")
-    host = parts.hostname
-    if not host or parts.username is not None or parts.query or parts.fragment:
-        raise ValueError(f"not an engine base URL (host, port, path): {url_base!r}")
-    try:
-        port = parts.port
-    except ValueError as e:
-        raise ValueError(f"invalid port in {url_base!r}") from e
-    default = 443 if scheme == "https" else 80
-    if port is None:
-        port = default
-    shown = f"[{host}]" if ":" in host else host  # an IPv6 literal
-    return _Origin(
-        key=(scheme, host, port),
-        host=host,
-        port=port,
-        tls=scheme == "https",
-        label=f"{shown}:{port}",
-        host_header=shown if port == default else f"{shown}:{port}",
-        prefix=parts.path.rstrip("/"),
-    )
-
-
-def _request_bytes(
-    origin: _Origin, method: str, path: str, headers: Mapping[str, str], body: bytes
-) -> bytes:
-    """The whole request, head and body, for one write."""
-    if _TOKEN.fullmatch(method) is None:
-        raise ValueError(f"invalid method {method!r}")
-    if method in ("HEAD", "CONNECT"):
-        # Their responses are framed differently (RFC 9112 §6.3); engines need neither.
-        raise ValueError(f"{method} requests are not supported")
-    if _TARGET.fullmatch(path) is None:
-        raise ValueError(f"invalid request path {path!r}")
-    lines = [f"{method} {origin.prefix}{path} HTTP/1.1\r\nHost: {origin.host_header}\r\n"]
-    for name, value in headers.items():
-        if _TOKEN.fullmatch(name) is None:
-            raise ValueError(f"invalid header name {name!r}")
-        if "\r" in value or "\n" in value or "\0" in value:
-            raise ValueError(f"header {name} has a CR, LF or NUL in its value")
-        if name.lower() in _SET_BY_CLIENT:
-            raise ValueError(f"header {name} is set by the client itself")
-        lines.append(f"{name}: {value}\r\n")
-    lines.append(f"Content-Length: {len(body)}\r\n\r\n")
-    # UTF-8 as aiohttp writes header values (an engine never sees anything but ASCII).
-    return "".join(lines).encode() + body

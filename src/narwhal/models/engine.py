@@ -43,6 +43,7 @@ from narwhal.models.profile import (
     prefill_features,
     tpot_features,
 )
+from narwhal.models.rate import DecayingRate
 from narwhal.models.regression import AnchoredLeastSquares
 from narwhal.models.throughput import PrefillThroughput
 
@@ -95,26 +96,6 @@ class Profiling:
     last_reason: str | None = None  # why the last successful run was made
     probe_runs: int = 0  # successful runs, first profiles and re-profiles
     probe_tokens: int = 0  # prompt and output tokens the probes had the engine serve
-
-
-class _Rate:
-    """An exponentially decaying rate (events per second), updated in O(1)."""
-
-    __slots__ = ("_at", "_value")
-
-    def __init__(self) -> None:
-        self._value = 0.0
-        self._at = 0.0
-
-    def add(self, amount: float, now: float) -> None:
-        self._value = self.value(now) + amount / _RATE_TAU_S
-        self._at = now
-
-    def value(self, now: float) -> float:
-        elapsed = now - self._at
-        if elapsed <= 0:
-            return self._value
-        return self._value * math.exp(-elapsed / _RATE_TAU_S)
 
 
 @dataclass(slots=True)
@@ -170,8 +151,10 @@ class EngineModel:
         self.throughput = PrefillThroughput(*_per_token(DEFAULT_PROFILE), max_sequences)
         # How this engine's projections turn out: the bound admission uses.
         self.calibration = calibration or Calibration(budget_s=1.0)
-        self._rate = _Rate()  # prompt tokens per second placed here for prefill
-        self._starts = _Rate()  # prompts per second placed here for prefill
+        self._rate = DecayingRate(
+            tau_s=_RATE_TAU_S
+        )  # prompt tokens per second placed here for prefill
+        self._starts = DecayingRate(tau_s=_RATE_TAU_S)  # prompts per second placed here for prefill
         self._stretched_at = -math.inf  # when prefill last stretched decode steps a lot
         self.observed_at = -math.inf  # when a served request last taught the model
         self._pending: dict[object, _Pending] = {}
