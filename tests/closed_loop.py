@@ -391,6 +391,7 @@ class ClosedLoop:
                 kv_usage=engine.kv_usage,
             )
             health.last_scrape_at = self.now
+            health.own_at_scrape = entry.own_requests  # as the fleet monitor reads it
             entry.health = health
 
     def pending(self) -> Iterator[Ticket]:

@@ -245,6 +245,7 @@ class Router:
         )
         for name, entry in self.registry.entries.items():
             entry.health = monitor.health(name)
+        monitor.count_own_requests(self._own_requests)
         self.registry.set_health_predicate(monitor.is_placeable)
         monitor.subscribe(self.dispatcher.capacity_changed)
         self.dispatcher.monitor = self.report.monitor = self.monitor = monitor
@@ -371,6 +372,10 @@ class Router:
         await self.pool.close()
         # The spans still queued go out last (in a thread: export is blocking I/O).
         await asyncio.to_thread(self.tracer.close)
+
+    def _own_requests(self, name: str) -> int:
+        entry = self.registry.get(name)
+        return 0 if entry is None else entry.own_requests
 
     def _tokenize_candidates(self) -> list[TokenizeCandidate]:
         """Engines that may count a prompt: healthy ones (placeability aside); the

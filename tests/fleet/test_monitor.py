@@ -219,6 +219,25 @@ async def test_openai_engine_without_metrics_is_placed_on_health_alone(
     assert not monitor.monitoring_degraded()
 
 
+async def test_each_scrape_records_narwhals_own_requests_as_it_answered(
+    make_monitor: MonitorFactory, fake_engine: FakeEngine
+) -> None:
+    # The engine's 5 running requests are compared with Narwhal's own count at the
+    # scrape, so placement knows how many are another router's.
+    own = {"e0": 2}
+    monitor = make_monitor([engine("e0", fake_engine.url)], fleet(interval=0.05))
+    monitor.count_own_requests(lambda name: own[name])
+    await monitor.start()
+    state = monitor.health("e0")
+    assert state.own_at_scrape == 2
+    own["e0"] = 4
+    await wait_for(lambda: state.own_at_scrape == 4, within=2.0)
+    fake_engine.metrics = "500"  # a failed scrape keeps the last good one's count
+    own["e0"] = 7
+    await wait_for(lambda: state.last_scrape_failed, within=2.0)
+    assert state.own_at_scrape == 4
+
+
 async def test_vllm_engine_keeps_being_scraped_after_a_404(
     make_monitor: MonitorFactory, fake_engine: FakeEngine
 ) -> None:

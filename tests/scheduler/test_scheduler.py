@@ -46,11 +46,27 @@ def test_prefill_work_and_engine_metrics_count() -> None:
     scorer = InFlightScorer(prompt_tokens_per_request=1000)
     busy = EngineEntry(engine("x"), EngineLoad(prefilling=1, prefill_tokens=4000))
     assert scorer.cost(busy, request(0), "both") == 5
-    # The engine sees more running work than Narwhal placed (another router): use it.
+    # The engine sees more work than Narwhal placed (another router's): it counts too.
     health = EngineHealth(stale_after_s=5)
-    health.record_scrape(EngineScrape(running=6, waiting=2, kv_usage=0.1), 0.0)
+    health.record_scrape(EngineScrape(running=6, waiting=2, kv_usage=0.1), 0.0, own=1)
     seen = EngineEntry(engine("x"), EngineLoad(decoding=1), health=health)
     assert scorer.cost(seen, request(0), "both") == 8
+
+
+def test_a_request_finished_since_the_scrape_is_not_taken_for_someone_elses() -> None:
+    # The scrape caught Narwhal's one request running; it has finished since. Read against
+    # today's count (none), the engine would look busy with another router's request.
+    scorer = InFlightScorer(prompt_tokens_per_request=1000)
+    health = EngineHealth(stale_after_s=5)
+    health.record_scrape(EngineScrape(running=1, waiting=0, kv_usage=0.1), 0.0, own=1)
+    idle = EngineEntry(engine("x"), EngineLoad(), health=health)
+    assert scorer.cost(idle, request(0), "both") == 0
+    assert idle.unplaced() == (0.0, 0.0)
+    # Narwhal's queued requests the engine shows waiting are not counted twice either.
+    health.record_scrape(EngineScrape(running=1, waiting=2, kv_usage=0.1), 1.0, own=3)
+    queued = EngineEntry(engine("x"), EngineLoad(prefilling=3), health=health)
+    assert queued.unplaced() == (0.0, 0.0)
+    assert scorer.cost(queued, request(0), "both") == 3
 
 
 def test_ineligible_engines_are_never_chosen() -> None:

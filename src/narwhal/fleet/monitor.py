@@ -121,6 +121,13 @@ class FleetMonitor:
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._started = False
         self._closed = False
+        self._own_requests: Callable[[str], int] = lambda name: 0
+
+    def count_own_requests(self, own_requests: Callable[[str], int]) -> None:
+        """How many of Narwhal's requests an engine holds now (by name): read the moment a
+        scrape answers, so that what the scrape shows beyond them is known to be
+        someone else's work, not Narwhal's requests that have finished since."""
+        self._own_requests = own_requests
 
     def _engine(self, config: EngineConfig) -> _Engine:
         state = self._states[config.name] = EngineHealth(stale_after_s=self._fleet.stale_after_s)
@@ -250,9 +257,9 @@ class FleetMonitor:
 
     async def _round(self, engine: _Engine) -> None:
         if engine.scrapes_metrics():
-            health, scrape = await asyncio.gather(self._check(engine), self._scrape(engine))
+            health, (scrape, own) = await asyncio.gather(self._check(engine), self._scrape(engine))
         else:
-            health, scrape = await self._check(engine), None
+            health, scrape, own = await self._check(engine), None, 0
         state, name = engine.state, engine.config.name
         was_status = state.status
         limit = self._fleet.max_probe_answer_bytes
@@ -289,7 +296,7 @@ class FleetMonitor:
         now = time.monotonic()
         state.record_health(health, now)
         if scrape is not None:
-            state.record_scrape(scrape, now)
+            state.record_scrape(scrape, now, own)
             if isinstance(scrape, MetricsFailure) and state.metrics_supported is not False:
                 self._metrics.count_failure(name, "metrics")
         else:
@@ -382,9 +389,10 @@ class FleetMonitor:
             log.exception("fleet: health check of engine %s raised", engine.config.name)
             return HealthCheck.ERROR
 
-    async def _scrape(self, engine: _Engine) -> ScrapeResult:
+    async def _scrape(self, engine: _Engine) -> tuple[ScrapeResult, int]:
+        """The scrape, and Narwhal's own requests on the engine as it answered."""
         try:
-            return await scrape_metrics(
+            result = await scrape_metrics(
                 self._session,
                 engine.base_url,
                 engine.config.dialect,
@@ -394,7 +402,8 @@ class FleetMonitor:
             )
         except Exception:
             log.exception("fleet: metrics scrape of engine %s raised", engine.config.name)
-            return MetricsFailure.ERROR
+            result = MetricsFailure.ERROR
+        return result, self._own_requests(engine.config.name)
 
     def _announce(self, engine: _Engine) -> None:
         placeable, degraded = engine.state.placeable, self.monitoring_degraded()

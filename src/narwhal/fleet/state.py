@@ -76,6 +76,9 @@ class EngineHealth:
     last_failure: HealthCheck | None = None
     last_scrape: EngineScrape | None = None  # the last good one
     last_scrape_at: float | None = None
+    # Narwhal's own requests on the engine when that scrape answered: the scrape's counts
+    # beyond them are work Narwhal did not place (FleetMonitor.count_own_requests).
+    own_at_scrape: int = 0
     # None: not known yet; False: the engine has no metrics (not a failure).
     metrics_supported: bool | None = None
     last_scrape_failed: bool = False
@@ -135,8 +138,9 @@ class EngineHealth:
             self.status = "down"
             self.counters_since_up = None  # it comes back a new process, already known
 
-    def record_scrape(self, result: ScrapeResult, now: float) -> None:
+    def record_scrape(self, result: ScrapeResult, now: float, own: int = 0) -> None:
         if isinstance(result, EngineScrape):
+            self.own_at_scrape = own
             if _counters_went_back(self.counters_since_up, result):
                 self.restarts += 1
                 self.recheck = True

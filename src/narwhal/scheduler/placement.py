@@ -82,12 +82,15 @@ class Scorer(Protocol):
 
 
 class InFlightScorer:
-    """Cost = the larger of Narwhal's own count of running requests and the engine's, plus
-    the engine's waiting requests, plus queued prefill work in units of a typical prompt.
+    """Cost = Narwhal's requests on the engine, plus the engine's running and waiting
+    requests that are not Narwhal's, plus queued prefill work in units of a typical prompt.
 
     Narwhal's count is exact and current; the engine's scrape is up to one probe interval
-    old but sees work from other routers and requests the engine queued itself. Taking the
-    larger of the two running counts uses whichever knows more.
+    old but sees work from other routers. Only what the scrape showed beyond Narwhal's own
+    requests at that moment is added (`EngineEntry.unplaced`): read against today's
+    count, a request of Narwhal's that finished since the scrape would still count, and
+    a conversation would leave the engine holding its history whenever the scrape caught
+    its previous turn running.
 
     With a prefix cache (`fleet.policy: cache_aware` without predictive admission, so
     without models to price it in seconds), the prompt tokens the engine would find
@@ -103,13 +106,8 @@ class InFlightScorer:
 
     def cost(self, entry: EngineEntry, request: PlacementRequest, phase: Phase) -> float:
         load = entry.load
-        scrape = entry.scrape
-        running = float(load.decoding + load.prefilling)
-        waiting = 0.0
-        if scrape is not None:
-            running = max(running, scrape.running or 0.0)
-            waiting = scrape.waiting or 0.0
-        cost = running + waiting + load.prefill_tokens / self._unit
+        running, waiting = entry.unplaced()
+        cost = entry.own_requests + running + waiting + load.prefill_tokens / self._unit
         if self._prefix is not None and phase != "decode":
             cost -= self._prefix.cached_tokens(entry, request) / self._unit
         return cost

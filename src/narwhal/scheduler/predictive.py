@@ -37,14 +37,7 @@ _UNMODELLED: Final = 1e9
 def decoding_on(entry: EngineEntry) -> float:
     """Sequences decoding on the engine: Narwhal's own, and any more its metrics show
     running (another router's work) beyond what Narwhal has there."""
-    load = entry.load
-    decoding = float(load.decoding)
-    scrape = entry.scrape
-    if scrape is not None and scrape.running is not None:
-        extra = scrape.running - (load.prefilling + load.decoding)
-        if extra > 0:
-            decoding += extra
-    return decoding
+    return entry.load.decoding + entry.unplaced()[0]
 
 
 def prefill_part(entry: EngineEntry, model: EngineModel, prompt_tokens: int, now: float) -> float:
@@ -67,9 +60,9 @@ def uncached_tokens(
 
 
 def _engine_running(entry: EngineEntry) -> int:
-    """Requests the engine's metrics say it runs (another router's included)."""
-    scrape = entry.scrape
-    return int(scrape.running or 0) if scrape is not None else 0
+    """Requests the engine runs: Narwhal's own now and what its metrics showed beyond
+    them (another router's)."""
+    return entry.own_requests + int(entry.unplaced()[0])
 
 
 def decode_work(

@@ -53,6 +53,29 @@ class EngineEntry:
         """The engine's load as its own metrics last said (None: never read)."""
         return None if self.health is None else self.health.last_scrape
 
+    def unplaced(self) -> tuple[float, float]:
+        """(running, waiting): the requests the engine's last scrape showed beyond
+        Narwhal's own there as it answered: another router's, or work sent to the engine
+        directly. Compared with Narwhal's count at that moment, not now, a request of
+        Narwhal's that finished since is not taken for someone else's. Narwhal's own are
+        taken from the running count first (the engine may be running them already)."""
+        scrape = self.scrape
+        if scrape is None or self.health is None:
+            return 0.0, 0.0
+        own = float(self.health.own_at_scrape)
+        running = scrape.running or 0.0
+        waiting = scrape.waiting or 0.0
+        beyond_running = running - own
+        if beyond_running >= 0.0:
+            return beyond_running, waiting
+        return 0.0, max(0.0, waiting + beyond_running)
+
+    @property
+    def own_requests(self) -> int:
+        """Narwhal's requests the engine holds now: in prefill (queued there or
+        running) or decoding."""
+        return self.load.prefilling + self.load.decoding
+
 
 class EngineRegistry:
     def __init__(
