@@ -207,6 +207,7 @@ async def test_with_no_engine_left_to_ask_it_falls_back_without_a_call(
         ("negative", "bad_answer"),
         ("bool", "bad_answer"),
         ("string", "bad_answer"),
+        ("digits", "bad_answer"),
         ("huge", "too_large"),
         ("huge_chunked", "too_large"),
     ],

@@ -2,9 +2,10 @@
 
 `behaviour` says how POST /tokenize answers: "ok" (`{"count": count}`), "hold" (wait until
 `release` is set, then as "ok"), "stall" (never, until the server stops), "404", "405",
-"500", "garbage" (not JSON), "negative", "bool" and "string" (bad counts), "huge" (a body
-over 1 MiB, with its Content-Length), "huge_chunked" (the same without one). `bodies`
-keeps every request body it was sent; `wait_for_requests(n)` returns once there are n.
+"500", "garbage" (not JSON), "negative", "bool", "string" and "digits" (bad counts; the
+last an integer of 400 digits), "huge" (a body over 1 MiB, with its Content-Length),
+"huge_chunked" (the same without one). `bodies` keeps every request body it was sent;
+`wait_for_requests(n)` returns once there are n.
 """
 
 from __future__ import annotations
@@ -70,5 +71,6 @@ class TokenizeServer:
                 await response.write(b"1," * 16_384)
             await response.write(b"1]}")
             return response
-        count: object = {"negative": -1, "bool": True, "string": "42"}.get(behaviour, self.count)
+        bad = {"negative": -1, "bool": True, "string": "42", "digits": 10**400 - 1}
+        count: object = bad.get(behaviour, self.count)
         return web.json_response({"count": count, "max_model_len": 32768, "tokens": []})

@@ -48,6 +48,7 @@ import msgspec
 
 from narwhal.engines.answers import AnswerTooLarge, read_bounded
 from narwhal.protocol.requests import CompletionRequest, Route
+from narwhal.protocol.usage import MAX_TOKEN_COUNT
 from narwhal.sizing.cache import CountCache
 from narwhal.sizing.local import token_id_count
 
@@ -73,7 +74,7 @@ FAILURE_KINDS: Final[tuple[FailureKind, ...]] = (
     "unreachable",  # connection refused, reset, or any other transport error
     "status",  # any other status than 200
     "too_large",  # an answer over 1 MiB
-    "bad_answer",  # not JSON, or a count that is not an int >= 0
+    "bad_answer",  # not JSON, or a count that is not an int from 0 to 2**31 - 1
     "error",  # a bug here; logged
 )
 
@@ -303,9 +304,11 @@ class _Answer(msgspec.Struct, gc=False):
 
 
 def answer_count(raw: bytes) -> int | None:
-    """A tokenize answer's `count` (an int >= 0), or None when it has none."""
+    """A tokenize answer's `count` (an int from 0 to MAX_TOKEN_COUNT), or None when it has
+    none. JSON integers have no size: a count of 400 digits is an engine fault, not a
+    prompt to refuse as too long."""
     try:
         count = msgspec.json.decode(raw, type=_Answer).count
     except (msgspec.DecodeError, RecursionError):  # (ValidationError is a DecodeError)
         return None
-    return count if count >= 0 else None
+    return count if 0 <= count <= MAX_TOKEN_COUNT else None
