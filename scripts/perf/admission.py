@@ -307,7 +307,9 @@ def bench_run(
     load = ["--rate", f"{rate:.3f}"] if rate is not None else ["-c", str(concurrency or 64)]
     if duration is None:
         duration = (1.5 * requests / rate + 60) if rate else 600.0
-    bench_args = [*load, *workload(args, requests, duration), *extra]
+    # The bench probes /health from its own loop: the floor its refusal latencies compare
+    # with (the prober thread below misses the bench client's own share).
+    bench_args = [*load, *workload(args, requests, duration), "--health-probe", "0.02", *extra]
     return harness.run_bench(
         tag,
         [router.url],
@@ -614,10 +616,18 @@ HEADERS = [
     "refused short / medium / long",
     "TTFT p50 / p99 ms (admitted)",
     "refusal p50 / p99 ms (client; router)",
-    "GET /health p99 ms",
+    "GET /health p99 ms (client; prober)",
     "projection error p50 / p90",
     "over bound",
 ]
+
+
+def client_floor_s(run: Run) -> float:
+    """GET /health p99 as the bench client saw it (`--health-probe`), in its own loop
+    beside its requests: NaN when it has none (math.inf would hide a missing probe)."""
+    health = run.summary.get("health_probe_s") or {}
+    p99 = health.get("p99")
+    return float(p99) if health.get("count") and p99 is not None else math.nan
 
 
 def row(run: Run) -> list[str]:
@@ -634,6 +644,7 @@ def row(run: Run) -> list[str]:
         )
     health = sorted(run.health_ms)
     floor = fmt(health[int(0.99 * (len(health) - 1))], 1) if health else "-"
+    floor = f"{fmt(1e3 * client_floor_s(run), 1)}; {floor}"
     error = "-"
     if run.policy == "predictive":
         error = f"{100 * run.error_quantile(0.5):.0f}% / {100 * run.error_quantile(0.9):.0f}%"
@@ -1040,12 +1051,12 @@ def _targets(runs: list[Run]) -> str:
     p3 = by.get(("predictive", 3.0))
     if p3 is not None and p3.admission["refusal_latency_s"].get("p99") is not None:
         p99 = float(p3.admission["refusal_latency_s"]["p99"])
-        health = sorted(p3.health_ms)
-        floor = health[int(0.99 * (len(health) - 1))] / 1e3 if health else math.inf
+        floor = client_floor_s(p3)
         met = p99 < 0.02 or p99 <= floor + 0.005
         lines.append(
             f"- refusal latency p99 at 3x at the client < 20 ms, or within 5 ms of GET /health "
-            f"p99 ({1e3 * floor:.1f} ms): {1e3 * p99:.1f} ms -> {'met' if met else 'NOT met'}"
+            f"p99 from the same client ({1e3 * floor:.1f} ms): {1e3 * p99:.1f} ms -> "
+            f"{'met' if met else 'NOT met'}"
         )
     bounded = [r for r in predictive if r.over_bound is not None]
     if bounded:

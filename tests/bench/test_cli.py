@@ -495,3 +495,38 @@ def test_a_start_at_already_past_starts_at_once(
     )  # fmt: skip
     assert status == 0 and "requests      2 (ok 2, errors 0)" in out
     assert time.monotonic() - began < 30
+
+
+def test_the_health_probe_reports_the_floor_without_counting_as_requests(
+    engine_url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out_json = tmp_path / "r.json"
+    status, out, _ = bench(
+        ["--url", engine_url, "-n", "30", "-c", "2", "--max-tokens", "8", "--warmup", "0",
+         "--health-probe", "0.005", "--json", str(out_json)],
+        capsys,
+    )  # fmt: skip
+    assert status == 0
+    assert "requests      30 (ok 30, errors 0)" in out  # the probes are not the stage's
+    (line,) = [line for line in out.splitlines() if line.startswith("GET /health")]
+    assert "probes from this client" in line
+    (stage,) = load(out_json)["stages"]
+    health = stage["summary"]["health_probe_s"]
+    assert health["count"] >= 1 and 0 < health["p50"] <= health["p99"] <= health["max"]
+    assert len(stage["requests"]) == 30
+    # Without the flag: no probe, no line, an empty distribution.
+    status, out, _ = bench(
+        ["--url", engine_url, "-n", "2", "-c", "1", "--max-tokens", "2", "--warmup", "0",
+         "--json", str(out_json)],
+        capsys,
+    )  # fmt: skip
+    assert status == 0 and "GET /health" not in out
+    assert load(out_json)["stages"][0]["summary"]["health_probe_s"]["count"] == 0
+
+
+@pytest.mark.parametrize("every", ["0", "-1", "nan", "61"])
+def test_a_health_probe_interval_out_of_range_exits_2(
+    every: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    status, _, err = bench(["--url", "http://127.0.0.1:9", "--health-probe", every], capsys)
+    assert status == 2 and "--health-probe" in err

@@ -176,9 +176,9 @@ def test_the_document_keeps_every_key_of_before_and_adds_the_new_figures() -> No
     new = set(summary) - SUMMARY_KEYS_V1
     assert new == {
         "input_tokens", "input_tokens_per_s", "input_tokens_from_usage", "total_tokens_per_s",
-        "itl_s",
+        "itl_s", "health_probe_s",
     }  # fmt: skip
-    for key in ("ttft_s", "tpot_s", "latency_s", "itl_s"):
+    for key in ("ttft_s", "tpot_s", "latency_s", "itl_s", "health_probe_s"):
         assert set(summary[key]) == DISTRIBUTION_KEYS_V1 | {"p95"}, key
     for key in ("refusal_latency_s", "retry_after_s"):
         assert set(summary["admission"][key]) == DISTRIBUTION_KEYS_V1, key

@@ -95,6 +95,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "started beforehand (a time already past starts at once)",
     )
     load.add_argument(
+        "--health-probe",
+        type=float,
+        metavar="S",
+        help="GET /health of the first --url every S seconds while each stage runs, from "
+        "this client's own loop on a connection of its own, and report its latency: what "
+        "the machine and this client add to any answer, the floor for refusal and TTFT "
+        "latencies (not requests of the stage)",
+    )
+    load.add_argument(
         "--warmup",
         type=int,
         metavar="N",

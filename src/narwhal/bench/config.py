@@ -88,6 +88,7 @@ class BenchConfig:
     workload: str  # one of WORKLOADS
     prefix: PrefixPlan | None  # None for the single workload
     start_at: float | None = None  # wall-clock seconds since the epoch: the first stage's start
+    health_probe_s: float = 0.0  # GET /health this often during stages (0: never)
     percentiles: tuple[float, ...] = DEFAULT_PERCENTILES  # ascending, each in (0, 100]
 
     @property
@@ -105,6 +106,14 @@ class BenchConfig:
 def _positive(name: str, value: float | None) -> None:
     if value is not None and not value > 0:
         raise ValueError(f"{name} must be positive, got {value}")
+
+
+def _health_probe(every_s: float | None) -> float:
+    if every_s is None:
+        return 0.0
+    if not 0.001 <= every_s <= 60:  # (also refuses NaN)
+        raise ValueError(f"--health-probe must be from 0.001 to 60 seconds, got {every_s}")
+    return every_s
 
 
 def _base_url(text: str) -> str:
@@ -302,5 +311,6 @@ def from_args(args: argparse.Namespace) -> BenchConfig:
         workload=args.workload,
         prefix=prefix,
         start_at=args.start_at,
+        health_probe_s=_health_probe(args.health_probe),
         percentiles=percentiles(args.percentiles),
     )

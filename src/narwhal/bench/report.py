@@ -54,6 +54,7 @@ def summaries(result: BenchResult) -> list[StageSummary]:
             s.conversations,
             itl=s.itl,
             percentiles=c.percentiles,
+            health_latency_s=s.health_latency_s,
         )
         for s in result.stages
     ]
@@ -155,6 +156,11 @@ def _stage_block(result: BenchResult, stage: StageResult, s: StageSummary) -> li
     if s.error_counts:
         errors = ", ".join(f"{k}: {v}" for k, v in s.error_counts.items())
         lines.append(f"{'errors':<14}{errors}")
+    if s.health.count:
+        lines.append(
+            f"{'GET /health':<14}p50 {_ms(s.health.p50)} ms, p99 {_ms(s.health.p99)} ms, "
+            f"max {_ms(s.health.max)} ms ({s.health.count} probes from this client)"
+        )
     lines.append(
         f"{'client CPU':<14}{_num(s.cpu_per_request_s * 1e3, 3)} ms/request "
         f"({s.cpu_s:.3f} s over the stage)"
@@ -305,6 +311,7 @@ def summary_dict(s: StageSummary) -> dict[str, Any]:
         "admission": _admission_dict(s.admission),
         "client_cpu_s": s.cpu_s,
         "client_cpu_per_request_s": s.cpu_per_request_s,
+        "health_probe_s": distribution_dict(s.health),
         "prompt_cache": {**asdict(s.prompt_cache), "cached_share": s.prompt_cache.cached_share},
         "conversations": None if s.conversations is None else _conversation_dict(s.conversations),
     }

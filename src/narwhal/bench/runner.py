@@ -100,6 +100,7 @@ class StageResult:
     conversations: ConversationCounts | None = None  # conversation workloads only
     conversation_rate: float = math.nan  # open loop: conversations' arrivals per second
     itl: LogHistogram = field(default_factory=LogHistogram)  # successful streams' gaps
+    health_latency_s: list[float] = field(default_factory=list)  # --health-probe's answers
 
     @property
     def offered_per_s(self) -> float:

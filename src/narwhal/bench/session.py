@@ -20,8 +20,9 @@ import aiohttp
 
 from narwhal.bench.body import RequestShape
 from narwhal.bench.client import discover_model
-from narwhal.bench.config import SHARED_PREFIX, SINGLE, BenchConfig
+from narwhal.bench.config import SHARED_PREFIX, SINGLE, BenchConfig, StagePlan
 from narwhal.bench.conversation import Conversations, ConversationSpec
+from narwhal.bench.health_probe import HealthProbe
 from narwhal.bench.progress import Counters, show
 from narwhal.bench.runner import Runner, StageResult
 from narwhal.bench.shared_prefix import SharedPrefixWorkload, SystemPrompts
@@ -154,7 +155,7 @@ async def run_bench(
             for number, plan in enumerate(config.stages):
                 if runner.stopping:
                     break
-                stages.append(await runner.run_stage(plan, number))
+                stages.append(await _run_stage(runner, plan, number, config))
         finally:
             if bar is not None:
                 bar.cancel()
@@ -171,3 +172,14 @@ async def run_bench(
         runner.warmup_errors,
         started_at,
     )
+
+
+async def _run_stage(
+    runner: Runner, plan: StagePlan, number: int, config: BenchConfig
+) -> StageResult:
+    if config.health_probe_s <= 0:
+        return await runner.run_stage(plan, number)
+    async with HealthProbe(config.urls[0], config.health_probe_s) as probe:
+        result = await runner.run_stage(plan, number)
+    result.health_latency_s = probe.latencies_s
+    return result

@@ -325,6 +325,7 @@ class StageSummary:
     input_tokens: int = 0  # successful requests' prompts
     input_from_usage: int = 0  # successful requests whose prompt the server's usage counted
     itl: Distribution = field(default_factory=lambda: _empty(()))
+    health: Distribution = field(default_factory=lambda: _empty(()))  # --health-probe
 
     @property
     def input_tokens_per_s(self) -> float:
@@ -364,6 +365,7 @@ def summarize(
     *,
     itl: LogHistogram | None = None,
     percentiles: Sequence[float] = DEFAULT_PERCENTILES,
+    health_latency_s: Sequence[float] = (),
 ) -> StageSummary:
     """Everything the report shows for one stage."""
     ok = [r for r in records if r.error is None]
@@ -393,4 +395,5 @@ def summarize(
         input_tokens=sum(input_tokens(r) for r in ok),
         input_from_usage=sum(1 for r in ok if r.usage_prompt_tokens >= 0),
         itl=histogram_distribution(itl if itl is not None else LogHistogram(), percentiles),
+        health=distribution(health_latency_s, percentiles),
     )
