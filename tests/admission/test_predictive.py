@@ -170,3 +170,43 @@ def test_a_prompt_that_fills_the_context_is_told_the_context_is_the_limit() -> N
     with pytest.raises(PromptExceedsTtftBudget) as info:
         check.check(request(16_000), arrived=0.0, now=0.0, queued=0)
     assert "ttft_target_s" in info.value.message and "context" not in info.value.message
+
+
+def test_overload_is_a_share_of_recent_decisions_refused_as_projected() -> None:
+    check, registry, _ = fleet("both", budget=1.0)
+    # Admissions alone, however many: not overloaded.
+    for i in range(40):
+        check.check(request(100), arrived=i * 0.01, now=i * 0.01, queued=0)
+    assert not check.overloaded(0.4)
+    # A few refusals among them (under 5% of the last seconds' decisions): not yet.
+    backlog(registry, "e0", 5.0)
+    with pytest.raises(TtftBudgetExceeded):
+        check.check(request(100), arrived=0.4, now=0.4, queued=0)
+    assert not check.overloaded(0.4)
+    # One in five refused: overloaded, and no longer once the refusals are seconds old.
+    for i in range(10):
+        with pytest.raises(TtftBudgetExceeded):
+            check.check(request(100), arrived=0.4 + i * 0.01, now=0.4 + i * 0.01, queued=0)
+    assert check.overloaded(0.5)
+    registry.entries["e0"].model.ttft = lambda tokens, *_: A  # type: ignore[union-attr,method-assign]
+    for i in range(200):
+        now = 1.0 + i * 0.05
+        check.check(request(100), arrived=now, now=now, queued=0)
+    assert not check.overloaded(11.0)
+
+
+def test_a_few_decisions_are_no_overload_whatever_they_were() -> None:
+    # A quiet router's first refusals (a single client sending long prompts) are not an
+    # overload: fewer than 20 decisions in the window.
+    check, registry, _ = fleet("both", budget=1.0)
+    backlog(registry, "e0", 5.0)
+    for i in range(10):
+        with pytest.raises(TtftBudgetExceeded):
+            check.check(request(100), arrived=i * 0.1, now=i * 0.1, queued=0)
+    assert not check.overloaded(1.0)
+    # Prompt-alone refusals are the prompt's fault, not the fleet's load.
+    check2, _, _ = fleet("both", budget=1.0)
+    for i in range(40):
+        with pytest.raises(PromptExceedsTtftBudget):
+            check2.check(request(16_000), arrived=i * 0.01, now=i * 0.01, queued=0)
+    assert not check2.overloaded(0.4)

@@ -32,10 +32,11 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal
+from typing import Final, Literal
 
 from narwhal.errors import PromptExceedsTtftBudget, TtftBudgetExceeded
 from narwhal.models.book import ModelBook
+from narwhal.models.rate import DecayingRate
 from narwhal.scheduler.placement import CachedTokens, PlacementRequest
 from narwhal.scheduler.predictive import prefill_part, uncached_tokens
 from narwhal.scheduler.registry import EngineEntry, EngineRegistry
@@ -43,6 +44,14 @@ from narwhal.scheduler.registry import EngineEntry, EngineRegistry
 # What the check would do: admit, or refuse by one of its two rows; "unmodelled" when no
 # path has a model (placement will say 503).
 Verdict = Literal["admit", "prompt", "projected", "unmodelled"]
+
+# Overload, as the check's own verdicts show it: more than this share of the decisions of
+# about the last OVERLOAD_TAU_S seconds (at least OVERLOAD_DECISIONS of them) refused as
+# projected over the budget. Sizing then stops waiting on engines' counts to refuse
+# (`narwhal.admission.prompt`).
+OVERLOAD_SHARE: Final = 0.05
+OVERLOAD_TAU_S: Final = 2.0
+OVERLOAD_DECISIONS: Final = 20
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,6 +77,18 @@ class PredictiveCheck:
         self._prefix = prefix
         self.budget = ttft_budget_s
         self._refused = refused
+        # Decisions and `projected` refusals over about the last OVERLOAD_TAU_S seconds.
+        self._decided = DecayingRate(tau_s=OVERLOAD_TAU_S)
+        self._refusing = DecayingRate(tau_s=OVERLOAD_TAU_S)
+
+    def overloaded(self, now: float) -> bool:
+        """Whether more than OVERLOAD_SHARE of the recent decisions (at least
+        OVERLOAD_DECISIONS of them) were `projected` refusals: the fleet is full, and
+        whichever request is refused, the next arrival takes its place."""
+        decided = self._decided.value(now)
+        if decided * OVERLOAD_TAU_S < OVERLOAD_DECISIONS:
+            return False
+        return self._refusing.value(now) > OVERLOAD_SHARE * decided
 
     def project(self, request: PlacementRequest, now: float, queued: int) -> Projection | None:
         """The best projection over the eligible paths (the one with the lowest bound);
@@ -112,10 +133,12 @@ class PredictiveCheck:
         if verdict == "unmodelled":
             return None
         assert projection is not None
+        self._decided.add(1.0, now)
         if verdict == "prompt":
             self._count("prompt")
             raise self._prompt_refusal(request)
         if verdict == "projected":
+            self._refusing.add(1.0, now)
             self._count("projected")
             overrun = projection.upper - (self.budget - (now - arrived))
             retry_after = max(1, math.floor(overrun + 0.5))

@@ -10,7 +10,10 @@ Three things, in this order, on the size the front gave the prompt (`RequestCont
 3. in predictive admission, the TTFT check: an estimated prompt whose bounds could flip
    the check's verdict (or whether it fits the context) first waits, bounded by
    `admission.sizing_wait_s`, for an engine's count; every other request is decided at
-   once. The verdict is a 429 raised here, or the projection written on the ticket.
+   once, and so is one whose only flip is to a retryable refusal while the check is
+   refusing more than 5% of requests (`PredictiveCheck.overloaded`): it is judged at the
+   high end of its bounds. The verdict is a 429 raised here, or the projection written
+   on the ticket.
 
 No engine I/O here beyond the awaited count (`EngineCount`, the sizer's bounded wait).
 """
@@ -150,8 +153,22 @@ class PromptAdmission:
 
         if not needs_engine_count(size, verdict):
             return
+        high = verdict(size.high)
+        if high[0] == "projected" and high[1] == verdict(size.low)[1] and check.overloaded(now):
+            # Only the budget's verdict could flip, to a retryable refusal, and the fleet
+            # is refusing anyway: whichever request is refused, the next arrival takes its
+            # place, so the wait (up to sizing_wait_s on a busy engine) would only delay
+            # the 429. Judged at the high end of its bounds, at once. Never for the
+            # prompt-alone refusal (no retry: the true count may fit) or the context.
+            self._size_ticket(request, context, ticket, size.high)
+            return
         counted = await self._engine_count(request.route, size, self.config.admission.sizing_wait_s)
         context.prompt_size = counted
-        if counted.tokens != context.prompt_tokens:
-            context.prompt_tokens = counted.tokens
+        self._size_ticket(request, context, ticket, counted.tokens)
+
+    def _size_ticket(
+        self, request: CompletionRequest, context: RequestContext, ticket: Ticket, tokens: int
+    ) -> None:
+        if tokens != context.prompt_tokens:
+            context.prompt_tokens = tokens
             ticket.request = self.placement_request(request, context)
