@@ -263,6 +263,7 @@ class Router:
                     self._local_sizer.text_counter,
                     model=self.config.model,
                     max_answer_bytes=lambda: self.config.fleet.max_probe_answer_bytes,
+                    learned=self.sizer.learn_text,
                 ),
                 probe_sizes=lambda: self.config.fleet.probe_prompt_tokens,
             )

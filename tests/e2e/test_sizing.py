@@ -165,3 +165,18 @@ async def test_at_the_edge_the_engines_count_decides() -> None:
             values = await metrics_of(router.url)
             assert sizing(values)["engine"] == 1 and sizing(values)["fallback"] == 0
             assert values['narwhal_refused_total{reason="prompt"}'] == 0
+
+
+async def test_the_first_request_is_sized_in_the_engines_tokens_from_the_probes() -> None:
+    """An engine whose tokenizer counts three tokens per estimated one. Its counts of the
+    profiler's probe texts set the estimate's factor before any client's request, so the
+    first prompt of ~1,500 estimated tokens is known to be about 4,500 (225 ms of prefill,
+    over the 0.25 s budget as its bound says): the engine's count is waited for and the
+    prompt refused. Sized by the bare estimate, it would have gone in at once, as 1,500."""
+    with sim_process("--time-scale", "1", "--tokenize-scale", "3") as sim:
+        with router_process(predictive(sim, WAIT_S)) as router:
+            reply = await send(router.url, completion(words(1_500), max_tokens=4))
+            assert reply.status == 429, reply.raw
+            assert reply.json()["error"]["code"] == "prompt_exceeds_ttft_budget"
+            values = await metrics_of(router.url)
+            assert sizing(values)["engine"] == 1 and sizing(values)["calibrated"] == 0

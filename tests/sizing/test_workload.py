@@ -322,3 +322,36 @@ async def test_no_wait_while_the_engines_answer_later_than_it_allows(
     assert (await sizer.engine_count("chat", await sizer.size(third, third_raw), 0.05)).source == (
         "engine"
     )
+
+
+async def test_an_engines_count_of_a_probe_text_sizes_the_first_requests() -> None:
+    """The profiler's probes are counted by the engine before any client's request: their
+    ratio (here 2.9 tokens per estimated one, as the test tier's tiny model counts) sizes
+    the first prompts, which would otherwise go in at a third of their size. The bounds
+    stay the default ones: they are about clients' prompts."""
+    sizer = WorkloadSizer(PromptSizer(), use_engine=True)
+    text = " ".join(f"probe{i % 7}" for i in range(400))
+    estimated = TOKENIZER.count(text)
+    sizer.learn_text(text, round(2.9 * estimated))
+    for route in ("chat", "completion"):
+        assert sizer.calibration(route) == pytest.approx(2.9, rel=0.01)  # type: ignore[arg-type]
+        assert sizer.bounds(route) == DEFAULT_BOUNDS  # type: ignore[arg-type]
+    request, raw_size = chat("words " * 300)
+    size = await sizer.size(request, raw_size)
+    assert size.source == "calibrated"
+    assert size.tokens == pytest.approx(2.9 * size.estimated, rel=0.01)  # type: ignore[operator]
+    assert size.high == size.tokens  # (the default bounds' top is below the factor)
+    # Clients' counts take over from there, as they would have from nothing.
+    for _ in range(60):
+        sizer.observe_engine_prompt_tokens("chat", size, round(1.2 * size.estimated))  # type: ignore[operator]
+    assert sizer.calibration("chat") == pytest.approx(1.2, rel=0.05)
+
+
+async def test_probe_texts_teach_nothing_where_sizing_is_not_calibrated() -> None:
+    # Open admission (today's local sizing, value for value) and a configured tokenizer.
+    for sizer in (
+        WorkloadSizer(PromptSizer()),
+        WorkloadSizer(PromptSizer(lambda text: len(text.split())), use_engine=True),
+    ):
+        sizer.learn_text("a b c d e f g h", 30)
+        assert sizer.calibration("chat") == sizer.calibration("completion") == 1.0

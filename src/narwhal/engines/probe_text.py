@@ -175,8 +175,12 @@ class ProbeCounter:
         model: str,
         timeout_s: float = TOKENIZE_TIMEOUT_S,
         max_answer_bytes: Callable[[], int] = lambda: DEFAULT_MAX_ANSWER_BYTES,
+        learned: Callable[[str, int], None] | None = None,
     ) -> None:
+        """`learned(text, count)`: told each engine count of a probe text (prompt sizing
+        learns the engine's tokens from it before any client's request)."""
         self._session = session
+        self._learned = learned
         self._local = local
         self._model = model
         self._timeout = aiohttp.ClientTimeout(total=timeout_s)
@@ -204,6 +208,8 @@ class ProbeCounter:
                 if not absent:
                     count = await self._tokenize(session, url, headers, text)
                     if count is not None:
+                        if self._learned is not None:
+                            self._learned(text, count)
                         return count
                     absent = True
                 return None if local is None else local(text)

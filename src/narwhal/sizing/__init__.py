@@ -41,6 +41,8 @@ from narwhal.sizing.calibration import MIN_INTERVAL_TOKENS, EstimateCalibration
 from narwhal.sizing.local import PromptSizer, load_sizer, token_id_count
 from narwhal.sizing.remote import EngineTokenizer, TokenizeCandidate, TokenizeQuery, make_query
 
+_ROUTES: Final[tuple[Route, ...]] = ("chat", "completion")
+
 Source = Literal["local", "engine", "calibrated", "fallback", "estimate"]
 SOURCES: Final[tuple[Source, ...]] = ("local", "engine", "calibrated", "fallback", "estimate")
 # Tokenizing a longer body takes milliseconds (about 40 ms a megabyte here): in pieces,
@@ -167,6 +169,17 @@ class WorkloadSizer:
         if count is None:
             return fallback
         return PromptSize.exact(count, "engine", estimated)
+
+    def learn_text(self, text: str, engine_count: int) -> None:
+        """An engine's count of a text no client sent (a profiling probe's, at start-up):
+        it sets the estimate's factor before the first request, which would otherwise be
+        sized by the uncorrected estimate, off by whatever the model's tokenizer is (2.9
+        times under it, for the test tier's tiny model). The bounds stay as they are."""
+        if not self.calibrating:
+            return
+        estimated = self._local.count_text(text)
+        for route in _ROUTES:
+            self._calibration.seed(route, estimated, engine_count)
 
     def count(self, size: PromptSize) -> None:
         """One request's admission acted on `size` (narwhal_prompt_sizing_total)."""

@@ -110,16 +110,27 @@ class EstimateCalibration:
     def observe(self, route: Route, estimated: int, engine_count: int) -> None:
         if estimated <= 0 or engine_count <= 0:
             return  # no information about the ratio
+        self.seed(route, estimated, engine_count)
         engine = min(max(engine_count, MIN_RATIO * estimated), MAX_RATIO * estimated)
-        sums = self._sums[route]
-        keep = 1.0 - self._weight
-        sums[0] = keep * sums[0] + self._weight * engine
-        sums[1] = keep * sums[1] + self._weight * estimated
         if estimated >= MIN_INTERVAL_TOKENS:
             ratios = self._ratios[route]
             ratios.add(engine / estimated)
             if len(ratios) >= self.min_samples:
                 self._bounds[route] = ratios.central(self._coverage)
+
+    def seed(self, route: Route, estimated: int, engine_count: int) -> None:
+        """A pair from text that is not a client's (the profiler's probes, counted by an
+        engine before any request): it moves the factor as a request's would, so the
+        first requests are sized in the engine's tokens, but not the bounds, which are
+        about clients' prompts (probe texts are all alike: their ratios would make the
+        interval look narrower than any workload's)."""
+        if estimated <= 0 or engine_count <= 0:
+            return
+        engine = min(max(engine_count, MIN_RATIO * estimated), MAX_RATIO * estimated)
+        sums = self._sums[route]
+        keep = 1.0 - self._weight
+        sums[0] = keep * sums[0] + self._weight * engine
+        sums[1] = keep * sums[1] + self._weight * estimated
 
     def ratio(self, route: Route) -> float:
         engine, estimated = self._sums[route]

@@ -37,6 +37,10 @@ class PromptSizer:
         """A text's count by the configured tokenizer.json; None without one."""
         return self._count_text
 
+    def count_text(self, text: str) -> int:
+        """One text's count, as a prompt of it alone would be counted (no template)."""
+        return self._count(text)
+
     def __call__(self, request: CompletionRequest) -> int:
         fixed, texts = self._parts(request)
         count = self._count
