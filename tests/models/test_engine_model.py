@@ -128,3 +128,36 @@ def test_a_full_kv_cache_makes_a_prompt_wait_for_decodes_to_free_room() -> None:
     # Full: room for the prompt comes when the request with the least left finishes.
     waited = model.ttft(2000, 2.0, 0.0, kv_usage=1.0)
     assert waited == pytest.approx(50 * model.tpot(2.0, 0.0) + model.service(2000, 2.0), rel=0.01)
+
+
+def test_a_drift_the_probes_do_not_see_moves_the_baseline_and_keeps_what_was_learned() -> None:
+    """Solo requests take 1.8x what the profile says while probes, alone, measure it as
+    profiled (a chat template rendered on a busy host: the probes send none). Accepting
+    the drift measures it from the learned fit from then on: the same slowness is no drift
+    any more, a further change is; the calibration keeps its samples, unlike a new
+    profile's install."""
+    model = profiled()
+    rng = random.Random(2)
+    prompts = [rng.randint(500, 3500) for _ in range(300)]
+    now = serve_alone(model, prompts, speed=1.8, start=0.0)
+    assert model.drifted
+    for _ in range(50):  # (first tokens measured against their projections)
+        model.calibration.add(0.1, 0.12)
+    samples = model.calibration.samples
+    assert samples == 50
+    assert model.probe_size_hint() == sorted(prompts[-64:])[int(0.9 * 63)]
+    model.accept_drift()
+    assert not model.drifted and model.prefill_drift.score == 0.0
+    assert model.calibration.samples == samples
+    now = serve_alone(model, prompts, speed=1.8, start=now)
+    assert not model.drifted, model.prefill_drift.value
+    serve_alone(model, prompts, speed=1.8 * 1.8, start=now)
+    assert model.drifted and model.prefill_drift.score > DRIFT_THRESHOLD
+
+
+def test_no_probe_size_hint_before_enough_solo_prefills() -> None:
+    model = profiled()
+    serve_alone(model, [3000] * 7, speed=1.0, start=0.0)
+    assert model.probe_size_hint() is None
+    serve_alone(model, [3000], speed=1.0, start=100.0)
+    assert model.probe_size_hint() == 3000

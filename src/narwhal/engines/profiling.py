@@ -37,6 +37,7 @@ import asyncio
 import dataclasses
 import itertools
 import logging
+import math
 import random
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -54,6 +55,7 @@ from narwhal.models.profile import (
     CONCURRENT_PROBES,
     CONCURRENT_PROMPT,
     MIN_TPOT_S,
+    PROBE_MARGIN,
     PROBE_OUTPUT,
     PROBE_PROMPTS,
     Concurrency,
@@ -280,6 +282,25 @@ class Profiler:
             # Only its own: a run cancelled by `forget` may end after the next one began.
             if self._runs.get(name) is asyncio.current_task():
                 del self._runs[name]
+        if why.rescale and old is not None and probes_unchanged(profile):
+            # The engine alone is as profiled: the drift is of the load (`accept_drift`).
+            model.accept_drift()
+            state.probe_runs += 1
+            state.last_reason = why.reason
+            state.last_reprofile_at = now
+            k_prefill, k_tpot = profile.rescaled
+            log.info(
+                "profiler: engine %s probed (%s): alone it is as profiled (prefill x%.2f, "
+                "TPOT x%.2f, within %.2f): what drifted is how it serves under load, which "
+                "the learned fits follow; drift is now measured from them, and the "
+                "profile, the fits and the bound's calibration are kept",
+                name,
+                why.reason,
+                k_prefill,
+                k_tpot,
+                DRIFT_THRESHOLD,
+            )
+            return
         was_profiled = model.profiled
         model.install(profile)
         state.probe_runs += 1
@@ -357,7 +378,10 @@ class Profiler:
         source: Source = (
             "token_ids" if route in client.capabilities.token_ids_on else ("usage_and_events")
         )
-        sizes = fit_probe_sizes(self._probe_sizes() or PROBE_PROMPTS, context)
+        sizes = fit_probe_sizes(
+            with_hint(self._probe_sizes() or PROBE_PROMPTS, model.probe_size_hint(), context),
+            context,
+        )
         texts = ProbeText(
             self._counter.for_engine(client, completion=route == "completion"), self._rng
         )
@@ -487,3 +511,20 @@ def _reason(error: BaseException) -> str:
     if isinstance(error, NarwhalError):
         return error.message
     return str(error)
+
+
+def probes_unchanged(profile: Profile) -> bool:
+    """Whether a re-profile's probes measured the engine within the drift threshold of
+    the profile they were scaled against (`rescale`), prefill and TPOT."""
+    return all(abs(math.log(k)) < DRIFT_THRESHOLD for k in profile.rescaled)
+
+
+def with_hint(sizes: Sequence[int], hint: int | None, context: int | None) -> tuple[int, ...]:
+    """The probe sizes, and one of the length clients' prompts have been (`hint`) where it
+    is longer than them all by more than a quarter: within the context, beside them."""
+    sizes = tuple(sizes)
+    if hint is None or hint <= 1.25 * max(sizes):
+        return sizes
+    if context is not None:
+        hint = min(hint, context - PROBE_OUTPUT - PROBE_MARGIN)
+    return sizes if hint <= max(sizes) else (*sizes, hint)

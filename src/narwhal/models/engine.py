@@ -24,9 +24,10 @@ does not place work on it then (the registry's ready gate).
 
 from __future__ import annotations
 
+import collections
 import heapq
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Final, Literal
 
 from narwhal.models.calibration import Calibration
@@ -79,6 +80,10 @@ _TTFT_KEPT_S: Final = 0.001
 # First tokens that waited for every decode ahead, with none overlapping, before an engine
 # is taken to serve one request at a time.
 _SERIAL_EVIDENCE: Final = 3
+# Solo prefills whose prompt lengths are kept for the next profile's probe sizes, and how
+# many it takes to name one (`probe_size_hint`).
+_HINT_SAMPLES: Final = 64
+_HINT_MIN: Final = 8
 
 ProfileState = Literal["unprofiled", "profiling", "profiled", "failed"]
 
@@ -147,6 +152,8 @@ class EngineModel:
         )
         self.prefill_drift = DriftScore()
         self.tpot_drift = DriftScore()
+        # The prompt lengths of the last solo prefills: what drift is measured on.
+        self._solo_prompts: collections.deque[int] = collections.deque(maxlen=_HINT_SAMPLES)
         self.lane = PrefillLane()
         self.throughput = PrefillThroughput(*_per_token(DEFAULT_PROFILE), max_sequences)
         # How this engine's projections turn out: the bound admission uses.
@@ -196,6 +203,33 @@ class EngineModel:
         if profile.kind == "reprofile":
             state.reprofiles += 1
             state.last_reprofile_at = profile.measured_monotonic
+
+    def accept_drift(self) -> None:
+        """Probes for a drift found the engine, alone, as its profile says: what drifted is
+        how it serves under load (a chat template rendered and tokenized on a busy host,
+        decodes in the prefill's steps), which the fits and the calibration have been
+        following all along. Drift is measured from what the fits say now, so only a
+        further change asks for probes; nothing learned is reset."""
+        self._baseline = replace(
+            self._baseline,
+            prefill=tuple(self.prefill_fit.theta),  # type: ignore[arg-type]
+            tpot=tuple(self.tpot_fit.theta),  # type: ignore[arg-type]
+        )
+        self.prefill_drift.reset()
+        self.tpot_drift.reset()
+        self.profiling.reprofile_wanted = False
+
+    def probe_size_hint(self) -> int | None:
+        """A probe length for the next profile: the 90th percentile of the prompts the
+        drift was measured on (the last solo prefills), where it is longer than the
+        probes by more than a quarter, so the fit measures prompts of their length rather
+        than extrapolating from shorter ones (a line through 64-2,048-token probes misses
+        the attention's quadratic share at 3,000: drift, a re-profile that measures the
+        same, drift again). None while fewer than _HINT_MIN have been seen."""
+        if len(self._solo_prompts) < _HINT_MIN:
+            return None
+        lengths = sorted(self._solo_prompts)
+        return lengths[int(0.9 * (len(lengths) - 1))]
 
     @property
     def drift(self) -> float:
@@ -512,6 +546,7 @@ class EngineModel:
             # engine still matches its profile.
             self.prefill_fit.update(pending.features, _clipped(measured, pending.estimate))
             self.prefill_drift.add(measured, dot(self._baseline.prefill, pending.features))
+            self._solo_prompts.append(round(1000.0 * pending.features[1]))
         return measured
 
     def prefill_dropped(self, key: object, now: float, decoding: float = 0.0) -> None:

@@ -1,0 +1,31 @@
+"""Probe sizes for a re-profile, and when its probes say the engine itself is unchanged."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from narwhal.engines.profiling import probes_unchanged, with_hint
+from narwhal.models.profile import ProbeSample, fit_profile
+
+
+def test_a_hint_longer_than_every_probe_is_probed_too_within_the_context() -> None:
+    sizes = (64, 512, 2048, 64)
+    assert with_hint(sizes, None, 8192) == sizes
+    assert with_hint(sizes, 2400, 8192) == sizes  # within a quarter of the largest
+    assert with_hint(sizes, 3100, 8192) == (*sizes, 3100)
+    assert with_hint(sizes, 3100, None) == (*sizes, 3100)
+    # Capped by the context (16 output tokens and a margin of 8 beside it).
+    assert with_hint(sizes, 9000, 4096) == (*sizes, 4096 - 16 - 8)
+    assert with_hint(sizes, 9000, 2060) == sizes  # no room beyond the largest probe
+
+
+def test_a_reprofile_within_the_drift_threshold_either_way_is_unchanged() -> None:
+    samples = [ProbeSample(p, 0.01 + 0.05 * p / 1000, 0.006) for p in (64, 512, 2048)]
+    profile = fit_profile(samples, source="token_ids", wall=0.0, now=0.0)
+    for rescaled, unchanged in (
+        ((1.0, 1.0), True),
+        ((0.8, 1.2), True),
+        ((1.4, 1.0), False),  # slower alone: a changed engine
+        ((1.0, 0.7), False),
+    ):
+        assert probes_unchanged(dataclasses.replace(profile, rescaled=rescaled)) is unchanged
