@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from narwhal.engines.profiling import probes_unchanged, with_hint
-from narwhal.models.profile import ProbeSample, fit_profile
+from narwhal.engines.profiling import concurrency_of, probes_unchanged, with_hint
+from narwhal.models.profile import ConcurrentSample, ProbeSample, fit_profile
 
 
 def test_a_hint_longer_than_every_probe_is_probed_too_within_the_context() -> None:
@@ -29,3 +29,18 @@ def test_a_reprofile_within_the_drift_threshold_either_way_is_unchanged() -> Non
         ((1.0, 0.7), False),
     ):
         assert probes_unchanged(dataclasses.replace(profile, rescaled=rescaled)) is unchanged
+
+
+def test_of_two_samples_of_prompts_sent_together_the_least_spread_stands() -> None:
+    """A batching engine seen through a busy host once (its first tokens 40 ms apart) and
+    once as it is (together): batched. An engine serving one prompt after another is
+    serial in both, and stays so."""
+    samples = [ProbeSample(p, 0.01 + 0.02 * p / 1000, 0.006) for p in (64, 512, 2048)]
+    profile = fit_profile(samples, source="token_ids", wall=0.0, now=0.0)
+    noisy = ConcurrentSample(2048, (0.05, 0.09, 0.13, 0.17))
+    together = ConcurrentSample(2048, (0.05, 0.051, 0.051, 0.052))
+    assert concurrency_of(profile, [noisy]).discipline == "serial"
+    assert concurrency_of(profile, [noisy, together]).discipline == "batched"
+    assert concurrency_of(profile, [together, noisy]).discipline == "batched"
+    serial = ConcurrentSample(2048, (0.05, 0.10, 0.15, 0.20))
+    assert concurrency_of(profile, [serial, noisy]).discipline == "serial"
