@@ -8,7 +8,8 @@ import random
 
 import pytest
 
-from narwhal.models.engine import DRIFT_THRESHOLD, EngineModel
+from narwhal.models.drift import DRIFT_THRESHOLD
+from narwhal.models.engine import EngineModel
 from narwhal.models.profile import ProbeSample, fit_profile
 
 

@@ -49,7 +49,8 @@ from narwhal.engines.client import EngineClient
 from narwhal.engines.probe_text import ProbeCounter, ProbeText
 from narwhal.engines.stream import EngineStream
 from narwhal.errors import NarwhalError
-from narwhal.models.engine import DRIFT_THRESHOLD, EngineModel
+from narwhal.models.drift import DRIFT_THRESHOLD
+from narwhal.models.engine import EngineModel
 from narwhal.models.profile import (
     CONCURRENT_OUTPUT,
     CONCURRENT_PROBES,

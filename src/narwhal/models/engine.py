@@ -24,21 +24,21 @@ does not place work on it then (the registry's ready gate).
 
 from __future__ import annotations
 
-import collections
 import heapq
 import math
 from dataclasses import dataclass, replace
-from typing import Any, Final, Literal
+from typing import Any, Final
 
 from narwhal.models.calibration import Calibration
 from narwhal.models.decode import DecodeBook
-from narwhal.models.drift import DriftScore
+from narwhal.models.drift import DriftScore, DriftWatch
 from narwhal.models.lane import PrefillLane, StepCosts
 from narwhal.models.lengths import OutputLengths
 from narwhal.models.profile import (
     MIN_PREFILL_S,
     MIN_TPOT_S,
     Profile,
+    Profiling,
     dot,
     first_step_features,
     prefill_features,
@@ -67,8 +67,6 @@ _HALF_LIFE: Final = 200.0  # samples
 # A measured sample more than this factor away from the model is clipped to it, so a
 # stall or a clock jump moves the fit by one bounded step, not to the moon.
 _CLIP: Final = 10.0
-# Drift beyond this (log ratio: 0.3 is about 1.35x slower or faster) re-profiles.
-DRIFT_THRESHOLD: Final = 0.3
 _RATE_TAU_S: Final = 2.0  # the prefill-rate averages' time constant
 # KV cache: its size is learned while it is at least this full (a prefill the cache has
 # no room for waits for decodes to free it: vLLM admits no prompt it has no blocks for).
@@ -80,27 +78,6 @@ _TTFT_KEPT_S: Final = 0.001
 # First tokens that waited for every decode ahead, with none overlapping, before an engine
 # is taken to serve one request at a time.
 _SERIAL_EVIDENCE: Final = 3
-# Solo prefills whose prompt lengths are kept for the next profile's probe sizes, and how
-# many it takes to name one (`probe_size_hint`).
-_HINT_SAMPLES: Final = 64
-_HINT_MIN: Final = 8
-
-ProfileState = Literal["unprofiled", "profiling", "profiled", "failed"]
-
-
-@dataclass(slots=True)
-class Profiling:
-    """Where profiling stands, for placement (profiled?) and for operators (why not)."""
-
-    state: ProfileState = "unprofiled"
-    reason: str | None = None
-    attempts: int = 0
-    reprofiles: int = 0
-    last_reprofile_at: float | None = None
-    reprofile_wanted: bool = False
-    last_reason: str | None = None  # why the last successful run was made
-    probe_runs: int = 0  # successful runs, first profiles and re-profiles
-    probe_tokens: int = 0  # prompt and output tokens the probes had the engine serve
 
 
 @dataclass(slots=True)
@@ -150,10 +127,7 @@ class EngineModel:
         self.first_step_fit = AnchoredLeastSquares(
             DEFAULT_PROFILE.first_step, _FIRST_STEP_STRENGTH, half_life=_HALF_LIFE
         )
-        self.prefill_drift = DriftScore()
-        self.tpot_drift = DriftScore()
-        # The prompt lengths of the last solo prefills: what drift is measured on.
-        self._solo_prompts: collections.deque[int] = collections.deque(maxlen=_HINT_SAMPLES)
+        self.drift_watch = DriftWatch()
         self.lane = PrefillLane()
         self.throughput = PrefillThroughput(*_per_token(DEFAULT_PROFILE), max_sequences)
         # How this engine's projections turn out: the bound admission uses.
@@ -187,8 +161,7 @@ class EngineModel:
         self.prefill_fit.reset(profile.prefill)
         self.tpot_fit.reset(profile.tpot)
         self.first_step_fit.reset(profile.first_step)
-        self.prefill_drift.reset()
-        self.tpot_drift.reset()
+        self.drift_watch.reset()
         alpha, beta, gamma = _per_token(profile)
         self.throughput.reset(alpha, beta, _per_prompt(profile, alpha, gamma))
         self.calibration.reset()
@@ -215,33 +188,29 @@ class EngineModel:
             prefill=tuple(self.prefill_fit.theta),  # type: ignore[arg-type]
             tpot=tuple(self.tpot_fit.theta),  # type: ignore[arg-type]
         )
-        self.prefill_drift.reset()
-        self.tpot_drift.reset()
+        self.drift_watch.reset()
         self.profiling.reprofile_wanted = False
 
     def probe_size_hint(self) -> int | None:
-        """A probe length for the next profile: the 90th percentile of the prompts the
-        drift was measured on (the last solo prefills), where it is longer than the
-        probes by more than a quarter, so the fit measures prompts of their length rather
-        than extrapolating from shorter ones (a line through 64-2,048-token probes misses
-        the attention's quadratic share at 3,000: drift, a re-profile that measures the
-        same, drift again). None while fewer than _HINT_MIN have been seen."""
-        if len(self._solo_prompts) < _HINT_MIN:
-            return None
-        lengths = sorted(self._solo_prompts)
-        return lengths[int(0.9 * (len(lengths) - 1))]
+        """The next profile's probe at clients' prompt length (`DriftWatch`)."""
+        return self.drift_watch.probe_size_hint()
+
+    @property
+    def prefill_drift(self) -> DriftScore:
+        return self.drift_watch.prefill
+
+    @property
+    def tpot_drift(self) -> DriftScore:
+        return self.drift_watch.tpot
 
     @property
     def drift(self) -> float:
         """How much slower than its profile the engine runs now (log ratio; > 0 slower)."""
-        return max(self.prefill_drift.score, self.tpot_drift.score)
+        return self.drift_watch.score
 
     @property
     def drifted(self) -> bool:
-        return (
-            abs(self.prefill_drift.score) > DRIFT_THRESHOLD
-            or abs(self.tpot_drift.score) > DRIFT_THRESHOLD
-        )
+        return self.drift_watch.drifted
 
     @property
     def penalty(self) -> float:
@@ -545,8 +514,11 @@ class EngineModel:
             # share of a step, not a function of the prompt), and what says whether the
             # engine still matches its profile.
             self.prefill_fit.update(pending.features, _clipped(measured, pending.estimate))
-            self.prefill_drift.add(measured, dot(self._baseline.prefill, pending.features))
-            self._solo_prompts.append(round(1000.0 * pending.features[1]))
+            self.drift_watch.solo_prefill(
+                round(1000.0 * pending.features[1]),
+                measured,
+                dot(self._baseline.prefill, pending.features),
+            )
         return measured
 
     def prefill_dropped(self, key: object, now: float, decoding: float = 0.0) -> None:
@@ -581,7 +553,7 @@ class EngineModel:
         x = tpot_features(decoding)
         step = tpot / stretch  # the observation without the stretch
         self.tpot_fit.update(x, _clipped(step, self.decode_step(decoding)))
-        self.tpot_drift.add(tpot, stretch * max(MIN_TPOT_S, dot(self._baseline.tpot, x)))
+        self.drift_watch.tpot.add(tpot, stretch * max(MIN_TPOT_S, dot(self._baseline.tpot, x)))
 
     def observe_first_step(self, prompt_tokens: int, seconds: float) -> None:
         if not (math.isfinite(seconds) and seconds > 0):

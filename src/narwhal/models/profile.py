@@ -352,3 +352,21 @@ def _line(xs: Sequence[float], ys: Sequence[float]) -> tuple[float, float]:
     slope = max(0.0, slope)
     intercept = max(MIN_PREFILL_S, mean_y - slope * mean_x)
     return intercept, slope
+
+
+ProfileState = Literal["unprofiled", "profiling", "profiled", "failed"]
+
+
+@dataclass(slots=True)
+class Profiling:
+    """Where profiling stands, for placement (profiled?) and for operators (why not)."""
+
+    state: ProfileState = "unprofiled"
+    reason: str | None = None
+    attempts: int = 0
+    reprofiles: int = 0
+    last_reprofile_at: float | None = None
+    reprofile_wanted: bool = False
+    last_reason: str | None = None  # why the last successful run was made
+    probe_runs: int = 0  # successful runs, first profiles and re-profiles
+    probe_tokens: int = 0  # prompt and output tokens the probes had the engine serve
