@@ -98,6 +98,18 @@ async def test_configured_probe_sizes_are_used_and_fitted() -> None:
             assert middle == pytest.approx(400 * large / 3000, abs=2)
 
 
+async def test_an_engine_that_starts_cold_is_profiled_as_it_runs_once_warm() -> None:
+    """An engine whose first steps after its start take four times as long (vLLM's first
+    prompt of each length took 2-5x its later ones on CPU): the profile is what the warm
+    engine costs (20,000 prompt tokens/s), not what the cold start did; each probe length
+    is sent twice over and the faster of the two stands."""
+    with sim_process("--time-scale", "1", "--cold-steps", "4", "--cold-factor", "4") as sim:
+        with router_process(predictive([("s0", sim)])) as router:
+            profile = (await engines(router))["s0"]["profile"]
+            assert profile is not None
+            assert profile["prefill_s"]["per_1k_tokens"] == pytest.approx(0.05, rel=0.25)
+
+
 @pytest.mark.parametrize(
     ("flags", "discipline"),
     [

@@ -162,3 +162,25 @@ def test_no_probe_size_hint_before_enough_solo_prefills() -> None:
     assert model.probe_size_hint() is None
     serve_alone(model, [3000], speed=1.0, start=100.0)
     assert model.probe_size_hint() == 3000
+
+
+def test_a_burst_onto_an_idle_engine_does_not_teach_its_time_as_one_prompts_prefill() -> None:
+    """The first prompt of a burst is placed on an idle engine, the rest a moment later,
+    and the engine serves them in the same steps: its first token comes when the burst's
+    does. That is not what the prompt costs alone (what the fit and the idle class, which
+    the prompt-alone 429 reads, learn from), however many bursts come."""
+    model = profiled()
+    p = 2700
+    alone = model.solo(p)
+    bound = model.calibration.upper(alone, idle=True)
+    now = 0.0
+    for burst in range(30):
+        keys = [(burst, i) for i in range(24)]
+        for i, key in enumerate(keys):
+            model.prefill_placed(key, p, 0.0, now + 0.001 * i, projected=alone)
+        now += 24 * alone  # served together: every first token at the burst's end
+        for key in keys:
+            model.prefill_finished(key, now)
+        now += 2.0
+    assert model.solo(p) == pytest.approx(alone, rel=0.05)
+    assert model.calibration.upper(alone, idle=True) <= 1.05 * bound

@@ -91,6 +91,7 @@ class _Pending:
     decoding_at: float  # sequences decoding there when it was placed
     output: float  # its expected output tokens
     idle: bool  # placed with nothing of Narwhal's in flight there
+    placement: int  # the engine's placements counted when it was placed (itself included)
 
 
 # The normal quantile of the bound (99.5%), for a sum of output lengths (one at a time).
@@ -139,6 +140,7 @@ class EngineModel:
         self._stretched_at = -math.inf  # when prefill last stretched decode steps a lot
         self.observed_at = -math.inf  # when a served request last taught the model
         self._pending: dict[object, _Pending] = {}
+        self._placements = 0  # prefills placed here, ever
         # First tokens that came while others of Narwhal's decoded there, and first tokens
         # that came only once every decode placed before them had finished: the evidence
         # that the engine serves one request at a time (see `one_at_a_time`).
@@ -477,8 +479,18 @@ class EngineModel:
         idle = self.idle
         self.lane.add(key, prompt_tokens, now)
         self.throughput.placed(key, prompt_tokens, now, decoding)
+        self._placements += 1
         self._pending[key] = _Pending(
-            features, estimate, solo, now, projected, upper, decoding, output, idle
+            features,
+            estimate,
+            solo,
+            now,
+            projected,
+            upper,
+            decoding,
+            output,
+            idle,
+            self._placements,
         )
         self._rate.add(prompt_tokens, now)
         self._starts.add(1.0, now)
@@ -500,15 +512,21 @@ class EngineModel:
         if pending is None or measured is None:
             return None
         self.observed_at = now
+        # A prompt placed here after this one, before its first token, may have shared its
+        # steps (an engine batches what arrives while a prefill runs): then this first token
+        # is no longer the prompt's alone, neither for the fit nor for the idle class,
+        # which is what the prompt-alone 429 reads (a burst onto an idle engine once taught
+        # both the whole burst's time as one prompt's prefill).
+        alone = self._placements == pending.placement
         if pending.projected is not None:
             self.calibration.add(
                 pending.projected,
                 now - pending.placed_at,
-                idle=pending.idle,
+                idle=pending.idle and alone,
                 upper=pending.upper,
                 now=now,
             )
-        if pending.solo:
+        if pending.solo and alone:
             # Alone on the engine, the measurement is this prompt's own prefill: what the
             # fit learns from (under load, a service time by the departure rule is a
             # share of a step, not a function of the prompt), and what says whether the

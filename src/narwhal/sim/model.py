@@ -164,6 +164,8 @@ class Scheduler:
         self.overhead_s = options.prefill_overhead_ms / 1000.0
         self.drift_at = drift_at
         self.drift_factor = options.drift_factor
+        self.cold_steps = options.cold_steps
+        self.cold_factor = options.cold_factor
         self.waiting: list[Sequence] = []
         self.running: list[Sequence] = []
         self.held_blocks = 0  # blocks of finished prefills kept for remote decoders
@@ -229,6 +231,9 @@ class Scheduler:
         prefill_tokens = sum(chunk for _, chunk in prefills)
         self.prefill_tokens += prefill_tokens
         duration = decode_s + prefill_tokens / self.prefill_rate + self.overhead_s * starts
+        if prefills and self.cold_steps > 0:
+            self.cold_steps -= 1
+            duration *= self.cold_factor
         return Step(decodes, prefills, duration)
 
     def _decodes(self) -> list[Sequence]:

@@ -149,6 +149,16 @@ class SimOptions:
     drift_factor: float = field(
         default=2.0, metadata=_help("fault: decode-step multiplier once --drift-after-s has passed")
     )
+    cold_steps: int = field(
+        default=0,
+        metadata=_help(
+            "fault: the first this many steps that prefill take --cold-factor times as long "
+            "(an engine warming up after its start, as vLLM's first requests do)"
+        ),
+    )
+    cold_factor: float = field(
+        default=3.0, metadata=_help("fault: the step-time multiplier of --cold-steps")
+    )
     broken_metrics: bool = field(default=False, metadata=_help("fault: /metrics answers 500"))
     tokenize_delay_s: float = field(
         default=0.0,
@@ -211,6 +221,7 @@ class SimOptions:
             "output_len_mean": self.output_len_mean,
             "stream_interval": self.stream_interval,
             "drift_factor": self.drift_factor,
+            "cold_factor": self.cold_factor,
             "tokenize_scale": self.tokenize_scale,
         }
         for name, value in positive.items():
@@ -224,6 +235,7 @@ class SimOptions:
             "kv_transfer_base_ms": self.kv_transfer_base_ms,
             "kv_hold_s": self.kv_hold_s,
             "tokenize_delay_s": self.tokenize_delay_s,
+            "cold_steps": self.cold_steps,
         }
         for name, value in non_negative.items():
             if value < 0:
