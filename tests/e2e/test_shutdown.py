@@ -9,8 +9,10 @@ here depends on how fast the machine is.
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 import signal
+import socket
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -144,6 +146,36 @@ async def test_the_drain_deadline_ends_what_still_runs_with_a_proper_answer(
         offered, outcomes = await exit_summary(router, log)
     assert offered == sum(outcomes.values()) == 2
     assert outcomes == {"expired": 1, "unavailable": 1}
+
+
+async def test_the_drain_deadline_cuts_off_a_client_that_stopped_reading_as_expired(
+    sim: NarwhalProcess, tmp_path: Path
+) -> None:
+    """A streaming client that takes nothing more (its socket buffers full) when the
+    drain deadline comes: the router waits no longer for it, and counts the request
+    expired by the shutdown, not as a client that went away (aiohttp's drain, interrupted
+    by the deadline, cannot be waited on again for the last write)."""
+    log = tmp_path / "router.log"
+    body = json.dumps(chat("#sim:long a", stream=True, max_tokens=20000, ignore_eos=True))
+    with router_process(config_for(sim, drain_timeout_s=1), stderr_path=log) as router:
+        parts = urlsplit(router.url)
+        reader, writer = await asyncio.open_connection(parts.hostname, parts.port)
+        writer.get_extra_info("socket").setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        writer.transport.pause_reading()  # and never reads again
+        writer.write(
+            b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
+            b"Content-Type: application/json\r\n"
+            b"Content-Length: %d\r\n\r\n%s" % (len(body), body.encode())
+        )
+        try:
+            await in_flight(router, 1)
+            await asyncio.sleep(0.5)  # the stream fills the buffers and waits on the client
+            router.proc.send_signal(signal.SIGTERM)
+            offered, outcomes = await exit_summary(router, log)
+        finally:
+            writer.close()
+        del reader
+    assert offered == 1 and outcomes == {"expired": 1}
 
 
 async def test_requests_queued_at_sigterm_are_refused_at_once(

@@ -126,8 +126,12 @@ async def _write_last(body: StreamBody, data: bytes, deadline: float) -> bool:
     (the connection aborted: no HTTP/1.1 client can take it for a complete stream, and an
     HTTP/1.0 one sees no `data: [DONE]`). A client that takes its bytes as they come, the
     usual case, is written to without a timer.
-    (Waiting again after a deadline interrupted aiohttp's drain would not work anyway:
-    aiohttp keeps the cancelled drain waiter, and the next drain raises CancelledError.)
+
+    A deadline that interrupted aiohttp's drain (the request's, or the shutdown's cut
+    with its grace still to run) leaves aiohttp's cancelled drain waiter in place, and
+    the next drain raises CancelledError at once: that client, which was not reading, is
+    cut off then too, and counted as expired, not gone (`cancelling()` tells that error
+    from a cancellation of the request's task).
     """
     if body.can_end_now(len(data)):
         await body.end(data)  # cannot wait: writing is on and stays on
@@ -139,6 +143,12 @@ async def _write_last(body: StreamBody, data: bytes, deadline: float) -> bool:
             await body.end(data)
     except TimeoutError:
         body.abort()
+        return False
+    except asyncio.CancelledError:
+        task = asyncio.current_task()
+        if task is not None and task.cancelling():
+            raise  # this request's own cancellation (a disconnect, the server's cleanup)
+        body.abort()  # aiohttp's spent drain waiter, above
         return False
     return True
 
