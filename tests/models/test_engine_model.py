@@ -167,12 +167,12 @@ def test_no_probe_size_hint_before_enough_solo_prefills() -> None:
 def test_a_burst_onto_an_idle_engine_does_not_teach_its_time_as_one_prompts_prefill() -> None:
     """The first prompt of a burst is placed on an idle engine, the rest a moment later,
     and the engine serves them in the same steps: its first token comes when the burst's
-    does. That is not what the prompt costs alone (what the fit and the idle class, which
-    the prompt-alone 429 reads, learn from), however many bursts come."""
+    does. That is not what the prompt costs alone (what the fit and the class of prompts
+    alone, which the prompt-alone 429 reads, learn from), however many bursts come."""
     model = profiled()
     p = 2700
     alone = model.solo(p)
-    bound = model.calibration.upper(alone, idle=True)
+    bound = model.calibration.upper(alone, alone=True)
     now = 0.0
     for burst in range(30):
         keys = [(burst, i) for i in range(24)]
@@ -183,4 +183,4 @@ def test_a_burst_onto_an_idle_engine_does_not_teach_its_time_as_one_prompts_pref
             model.prefill_finished(key, now)
         now += 2.0
     assert model.solo(p) == pytest.approx(alone, rel=0.05)
-    assert model.calibration.upper(alone, idle=True) <= 1.05 * bound
+    assert model.calibration.upper(alone, alone=True) <= 1.05 * bound

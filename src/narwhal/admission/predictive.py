@@ -195,7 +195,7 @@ class PredictiveCheck:
                 continue
             tokens = uncached_tokens(self._prefix, entry, request)
             alone = model.solo(tokens) + decode_part
-            solo = min(solo, model.calibration.upper(alone, idle=True))
+            solo = min(solo, model.calibration.upper(alone, alone=True))
             total += alone
             modelled.append((entry, model, tokens))
         if not modelled:

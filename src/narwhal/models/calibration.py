@@ -25,7 +25,10 @@ are a class of their own, and only they: an idle engine's first token is its pro
 prefill, which the probes measured, whatever queues have done to the other classes (so
 an engine that queueing made look hopeless can still take a prompt when it is idle, and
 be learned again; without it, a bound that refused everything would never see the
-measurement that lowers it).
+measurement that lowers it). Among them, those that nothing joined before their first
+token are a class again (`alone`): the prompt's own prefill, which the prompt-alone 429
+is about; an idle engine's first token is often later, since what arrives during a
+prefill can share its steps, and the idle class bounds what is admitted there.
 
 Before `_FIRM` samples a bound cannot be read from a histogram alone (the 99.5th
 percentile of 20 samples is their maximum, and says little): it is the larger of the
@@ -117,7 +120,16 @@ class _Errors:
 
 
 class Calibration:
-    __slots__ = ("_all", "_classes", "_edges", "_idle", "additive_s", "prior", "quantile")
+    __slots__ = (
+        "_all",
+        "_alone",
+        "_classes",
+        "_edges",
+        "_idle",
+        "additive_s",
+        "prior",
+        "quantile",
+    )
 
     def __init__(
         self, *, budget_s: float, quantile: float = 0.995, prior: float = PRIOR_MARGIN
@@ -133,6 +145,7 @@ class Calibration:
         self._all = _Errors(prior)
         self._classes = [_Errors(prior) for _ in range(len(_CLASSES) + 1)]
         self._idle = _Errors(prior)
+        self._alone = _Errors(prior)
 
     @property
     def samples(self) -> int:
@@ -144,12 +157,14 @@ class Calibration:
         measured: float,
         *,
         idle: bool = False,
+        alone: bool = False,
         upper: float | None = None,
         now: float = 0.0,
     ) -> None:
         """A projection (seconds) and what it turned into (seconds, same origin); `idle`:
-        made while the engine had nothing of Narwhal's in flight; `upper`: the bound it
-        was given then; `now`: when its first token came."""
+        made while the engine had nothing of Narwhal's in flight; `alone`: idle, and
+        nothing placed there either until its first token (its prompt's own prefill);
+        `upper`: the bound it was given then; `now`: when its first token came."""
         if not (math.isfinite(raw) and math.isfinite(measured)) or raw < 0 or measured < 0:
             return
         if upper is not None and math.isfinite(upper):
@@ -158,11 +173,15 @@ class Calibration:
         ratio = (measured + s) / (raw + s)
         if idle:
             self._idle.add(ratio, self.quantile, self.prior)
+            if alone:
+                self._alone.add(ratio, self.quantile, self.prior)
             return
         self._all.add(ratio, self.quantile, self.prior)
         self._classes[bisect.bisect_right(self._edges, raw)].add(ratio, self.quantile, self.prior)
 
-    def _errors(self, raw: float, idle: bool = False) -> _Errors:
+    def _errors(self, raw: float, idle: bool = False, alone: bool = False) -> _Errors:
+        if alone:
+            return self._alone
         if idle:
             return self._idle
         index = bisect.bisect_right(self._edges, raw)
@@ -184,11 +203,14 @@ class Calibration:
         s = self.additive_s
         return max(0.0, (raw + s) * self._errors(raw, idle).median - s)
 
-    def upper(self, raw: float, lateness: float = 1.0, *, idle: bool = False) -> float:
+    def upper(
+        self, raw: float, lateness: float = 1.0, *, idle: bool = False, alone: bool = False
+    ) -> float:
         """The bound: `lateness` (>= 1) widens it further while the engine's requests in
-        flight are already later than their own bounds said (see `EngineModel`)."""
+        flight are already later than their own bounds said (see `EngineModel`). `alone`:
+        of the prompt's own prefill, nothing beside it (the prompt-alone 429's)."""
         s = self.additive_s
-        errors = self._errors(raw, idle)
+        errors = self._errors(raw, idle, alone)
         factor = max(errors.median, errors.upper * errors.inflation)
         return max(raw, (raw + s) * factor * max(1.0, lateness) - s)
 
@@ -197,3 +219,4 @@ class Calibration:
         self._all = _Errors(self.prior)
         self._classes = [_Errors(self.prior) for _ in self._classes]
         self._idle = _Errors(self.prior)
+        self._alone = _Errors(self.prior)

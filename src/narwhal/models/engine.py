@@ -514,15 +514,18 @@ class EngineModel:
         self.observed_at = now
         # A prompt placed here after this one, before its first token, may have shared its
         # steps (an engine batches what arrives while a prefill runs): then this first token
-        # is no longer the prompt's alone, neither for the fit nor for the idle class,
-        # which is what the prompt-alone 429 reads (a burst onto an idle engine once taught
-        # both the whole burst's time as one prompt's prefill).
+        # is no longer the prompt's alone, neither for the fit nor for the calibration's
+        # class of prompts alone, which the prompt-alone 429 reads (a burst onto an idle
+        # engine once taught both the whole burst's time as one prompt's prefill). The
+        # idle class, which bounds what is admitted onto an idle engine, keeps it: those
+        # who come after are part of what such a first token waits for.
         alone = self._placements == pending.placement
         if pending.projected is not None:
             self.calibration.add(
                 pending.projected,
                 now - pending.placed_at,
-                idle=pending.idle and alone,
+                idle=pending.idle,
+                alone=pending.idle and alone,
                 upper=pending.upper,
                 now=now,
             )
