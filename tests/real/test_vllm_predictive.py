@@ -5,6 +5,7 @@ tokens, which today's profile probes fit (the 2,048-token case is test_vllm_flee
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import itertools
 import math
 import random
@@ -215,22 +216,31 @@ async def _served_per_s(url: str, prompts: list[str]) -> float:
     return len(prompts) / elapsed
 
 
-@pytest.mark.alone
-async def test_the_onset_of_an_overload_keeps_the_promise(vllm_long: EngineProcess) -> None:
-    """Light load, then three times what the engine serves, in one step (open loop,
-    Poisson arrivals): while the router's learning catches up, the requests it admits in
-    the overload's first seconds still get their first token within the budget (a tenth
-    of it allowed for the host), and the rest are refused at once."""
-    budget = 0.5
-    # Each its own from the first token on: vLLM's prefix cache shares nothing of them.
-    prompts = (f"{i}" + FILLER * 120 for i in itertools.count())
-    with router_process(predictive(vllm_long, ttft_target_s=budget)) as router:
+@dataclasses.dataclass(frozen=True)
+class _Step:
+    """One step from light load to an overload: the engine's capacity measured on it
+    before and after (prompts a second), and the overload's answers (status, TTFT)."""
+
+    before: float
+    after: float
+    overload: list[tuple[int, float]]
+
+    @property
+    def steady(self) -> bool:
+        """Whether the engine served as fast after the step as before it (a busy loop
+        that came onto the engine's core meanwhile halves it, and no router can keep a
+        promise for work it admitted before the engine slowed)."""
+        return 0.7 <= self.after / self.before <= 1.4
+
+
+async def _step(engine: EngineProcess, budget: float, prompts: Iterator[str]) -> _Step:
+    with router_process(predictive(engine, ttft_target_s=budget)) as router:
         await report_until(router, lambda r: r["profile"] is not None, timeout=60.0)
         # What the engine serves, measured on it (not the router's profile, which a
         # busy machine can leave far from it either way): prompts sent to it at once.
-        capacity = await _served_per_s(vllm_long.url, [next(prompts) for _ in range(16)])
+        before = await _served_per_s(engine.url, [next(prompts) for _ in range(16)])
         rng = random.Random(7)
-        phases = ((0.2 * capacity, 4.0, "light"), (3.0 * capacity, 4.0, "overload"))
+        phases = ((0.2 * before, 4.0, "light"), (3.0 * before, 4.0, "overload"))
         results: dict[str, list[asyncio.Task[tuple[int, float]]]] = {}
         async with aiohttp.ClientSession() as session:
             for rate, seconds, name in phases:
@@ -241,11 +251,34 @@ async def test_the_onset_of_an_overload_keeps_the_promise(vllm_long: EngineProce
                     tasks.append(asyncio.create_task(request))
                     await asyncio.sleep(rng.expovariate(rate))
             await asyncio.gather(*(t for tasks in results.values() for t in tasks))
-        overload = [t.result() for t in results["overload"]]
-        admitted = [ttft for status, ttft in overload if status == 200]
-        refused = [status for status, _ in overload if status == 429]
-        assert len(admitted) + len(refused) == len(overload), overload
-        assert refused, (capacity, overload)  # three times capacity cannot all be taken
-        assert len(admitted) >= 0.15 * len(overload), (capacity, overload)  # it does admit
-        within = sum(ttft <= 1.1 * budget for ttft in admitted)
-        assert within >= 0.95 * len(admitted), (capacity, sorted(admitted)[-5:])
+        after = await _served_per_s(engine.url, [next(prompts) for _ in range(16)])
+    return _Step(before, after, [t.result() for t in results["overload"]])
+
+
+@pytest.mark.alone
+async def test_the_onset_of_an_overload_keeps_the_promise(vllm_long: EngineProcess) -> None:
+    """Light load, then three times what the engine serves, in one step (open loop,
+    Poisson arrivals), against a router that has seen only the light load: while its
+    learning catches up, the requests it admits in the overload's first seconds still get
+    their first token within the budget (a tenth of it allowed for the host), and the
+    rest are refused at once. A step during which the engine's own speed changed (this
+    machine's load moved onto its core) proves nothing either way: it is run again with
+    a new router, at most twice."""
+    budget = 0.5
+    # Each its own from the first token on: vLLM's prefix cache shares nothing of them.
+    prompts = (f"{i}" + FILLER * 360 for i in itertools.count())
+    steps = []
+    for _ in range(3):
+        steps.append(await _step(vllm_long, budget, prompts))
+        if steps[-1].steady:
+            break
+    step = steps[-1]
+    assert step.steady, [(s.before, s.after) for s in steps]
+    capacity, overload = step.before, step.overload
+    admitted = [ttft for status, ttft in overload if status == 200]
+    refused = [status for status, _ in overload if status == 429]
+    assert len(admitted) + len(refused) == len(overload), overload
+    assert refused, (capacity, overload)  # three times capacity cannot all be taken
+    assert len(admitted) >= 0.15 * len(overload), (capacity, overload)  # it does admit
+    within = sum(ttft <= 1.1 * budget for ttft in admitted)
+    assert within >= 0.95 * len(admitted), (capacity, step.after, sorted(admitted)[-5:])
