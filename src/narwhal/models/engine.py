@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import heapq
 import math
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any, Final
 
 from narwhal.models.calibration import Calibration
@@ -34,6 +34,7 @@ from narwhal.models.decode import DecodeBook
 from narwhal.models.drift import DriftScore, DriftWatch
 from narwhal.models.lane import PrefillLane, StepCosts
 from narwhal.models.lengths import OutputLengths
+from narwhal.models.pending import PendingPrefill, PendingPrefills
 from narwhal.models.profile import (
     MIN_PREFILL_S,
     MIN_TPOT_S,
@@ -41,7 +42,9 @@ from narwhal.models.profile import (
     Profiling,
     dot,
     first_step_features,
+    per_prompt_cost,
     prefill_features,
+    throughput_prior,
     tpot_features,
 )
 from narwhal.models.rate import DecayingRate
@@ -80,20 +83,6 @@ _TTFT_KEPT_S: Final = 0.001
 _SERIAL_EVIDENCE: Final = 3
 
 
-@dataclass(slots=True)
-class _Pending:
-    features: tuple[float, float, float, float]
-    estimate: float
-    solo: bool  # nothing ahead of it when placed: its service time is its own
-    placed_at: float
-    projected: float | None  # its TTFT as projected at placement (None: not projected)
-    upper: float  # the bound on that projection, then
-    decoding_at: float  # sequences decoding there when it was placed
-    output: float  # its expected output tokens
-    idle: bool  # placed with nothing of Narwhal's in flight there
-    placement: int  # the engine's placements counted when it was placed (itself included)
-
-
 # The normal quantile of the bound (99.5%), for a sum of output lengths (one at a time).
 _SPREAD_Z: Final = 2.58
 DEFAULT_STEP_BUDGET: Final = 8192  # vLLM's max_num_batched_tokens on large GPUs
@@ -130,7 +119,7 @@ class EngineModel:
         )
         self.drift_watch = DriftWatch()
         self.lane = PrefillLane()
-        self.throughput = PrefillThroughput(*_per_token(DEFAULT_PROFILE), max_sequences)
+        self.throughput = PrefillThroughput(*throughput_prior(DEFAULT_PROFILE), max_sequences)
         # How this engine's projections turn out: the bound admission uses.
         self.calibration = calibration or Calibration(budget_s=1.0)
         self._rate = DecayingRate(
@@ -139,8 +128,7 @@ class EngineModel:
         self._starts = DecayingRate(tau_s=_RATE_TAU_S)  # prompts per second placed here for prefill
         self._stretched_at = -math.inf  # when prefill last stretched decode steps a lot
         self.observed_at = -math.inf  # when a served request last taught the model
-        self._pending: dict[object, _Pending] = {}
-        self._placements = 0  # prefills placed here, ever
+        self._pending = PendingPrefills()
         # First tokens that came while others of Narwhal's decoded there, and first tokens
         # that came only once every decode placed before them had finished: the evidence
         # that the engine serves one request at a time (see `one_at_a_time`).
@@ -164,8 +152,8 @@ class EngineModel:
         self.tpot_fit.reset(profile.tpot)
         self.first_step_fit.reset(profile.first_step)
         self.drift_watch.reset()
-        alpha, beta, gamma = _per_token(profile)
-        self.throughput.reset(alpha, beta, _per_prompt(profile, alpha, gamma))
+        alpha, beta, gamma = throughput_prior(profile)
+        self.throughput.reset(alpha, beta, per_prompt_cost(profile, alpha, gamma))
         self.calibration.reset()
         # What the probes sent together showed of how many requests it serves at once.
         one_at_a_time = profile.prefill_discipline == "one_at_a_time"
@@ -329,7 +317,7 @@ class EngineModel:
         then each prompt waiting ahead with its whole expected output, then this prefill."""
         step = self.decode_step(1.0)
         left = sum(self.decoding.remaining(now)) * step
-        for pending in self._pending.values():
+        for pending in self._pending:
             left += pending.estimate + pending.output * step
         return left + self.service(prompt_tokens, 0.0)
 
@@ -341,7 +329,7 @@ class EngineModel:
         as varying by the learned coefficient of variation around its expectation; the
         sum's spread is the root of their squares."""
         spread = sum(r * r for r in self.decoding.remaining(now))
-        spread += sum(p.output * p.output for p in self._pending.values())
+        spread += sum(p.output * p.output for p in self._pending)
         if spread <= 0:
             return 0.0
         cv = self.decoding.lengths.variation()
@@ -368,7 +356,7 @@ class EngineModel:
         too, and this one is in hand while the others wait. O(prefills waiting)."""
         s = self.calibration.additive_s
         worst = 1.0
-        for pending in self._pending.values():
+        for pending in self._pending:
             if pending.projected is None:
                 continue
             late = (now - pending.placed_at + s) / (pending.upper + s)
@@ -479,18 +467,9 @@ class EngineModel:
         idle = self.idle
         self.lane.add(key, prompt_tokens, now)
         self.throughput.placed(key, prompt_tokens, now, decoding)
-        self._placements += 1
-        self._pending[key] = _Pending(
-            features,
-            estimate,
-            solo,
-            now,
-            projected,
-            upper,
-            decoding,
-            output,
-            idle,
-            self._placements,
+        self._pending.add(
+            key,
+            PendingPrefill(features, estimate, solo, now, projected, upper, decoding, output, idle),
         )
         self._rate.add(prompt_tokens, now)
         self._starts.add(1.0, now)
@@ -500,7 +479,8 @@ class EngineModel:
     ) -> float | None:
         """The prefill of `key` finished at `now`: a step ended; learn from it.
         `others`: the sequences decoding there beside it (`decoding` when not given)."""
-        pending = self._pending.pop(key, None)
+        finished = self._pending.finish(key)
+        pending, alone = (None, False) if finished is None else finished
         if pending is not None:
             beside = decoding if others is None else others
             if beside >= 1:
@@ -512,14 +492,10 @@ class EngineModel:
         if pending is None or measured is None:
             return None
         self.observed_at = now
-        # A prompt placed here after this one, before its first token, may have shared its
-        # steps (an engine batches what arrives while a prefill runs): then this first token
-        # is no longer the prompt's alone, neither for the fit nor for the calibration's
-        # class of prompts alone, which the prompt-alone 429 reads (a burst onto an idle
-        # engine once taught both the whole burst's time as one prompt's prefill). The
-        # idle class, which bounds what is admitted onto an idle engine, keeps it: those
-        # who come after are part of what such a first token waits for.
-        alone = self._placements == pending.placement
+        # (`alone`: nothing placed here after it before its first token, see
+        # `narwhal.models.pending`. The idle class, which bounds what is admitted onto an
+        # idle engine, keeps the others: what comes after is part of what such a first
+        # token waits for.)
         if pending.projected is not None:
             self.calibration.add(
                 pending.projected,
@@ -544,7 +520,7 @@ class EngineModel:
 
     def prefill_dropped(self, key: object, now: float, decoding: float = 0.0) -> None:
         """A prefill that will not finish here (failed, cancelled)."""
-        self._pending.pop(key, None)
+        self._pending.drop(key)
         self.lane.remove(key)
         self.throughput.dropped(key, now, decoding)
 
@@ -601,26 +577,6 @@ class EngineModel:
                 "samples": self.tpot_fit.samples,
             },
         }
-
-
-def _per_token(profile: Profile) -> tuple[float, float, float]:
-    """The throughput fit's prior, by the profile: seconds per prompt token (its slope),
-    more per 100 sequences decoding, and seconds per prompt (its intercept)."""
-    a, b, _, e = profile.prefill
-    return max(MIN_PREFILL_S, b) / 1000.0, max(0.0, e) / 1000.0, max(0.0, a)
-
-
-def _per_prompt(profile: Profile, alpha: float, alone: float) -> float:
-    """Seconds each prompt adds beyond its tokens when several wait: what the prompts
-    sent together showed (each one after the first added its tokens and this: a batching
-    engine pays a step's fixed cost once for all of them), else the intercept of a prompt
-    alone, `alone` (an engine that prefills one at a time pays it for each)."""
-    times, tokens = profile.concurrent_first_token_s, profile.concurrent_prompt_tokens
-    if len(times) < 2 or not tokens:
-        return alone
-    first = dot(profile.prefill, prefill_features(tokens, 0.0))  # one of them alone
-    each = (max(times) - first) / (len(times) - 1) - tokens * alpha
-    return min(alone, max(0.0, each))
 
 
 def _clipped(measured: float, expected: float) -> float:

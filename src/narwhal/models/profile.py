@@ -370,3 +370,23 @@ class Profiling:
     last_reason: str | None = None  # why the last successful run was made
     probe_runs: int = 0  # successful runs, first profiles and re-profiles
     probe_tokens: int = 0  # prompt and output tokens the probes had the engine serve
+
+
+def throughput_prior(profile: Profile) -> tuple[float, float, float]:
+    """The throughput fit's prior, by the profile: seconds per prompt token (its slope),
+    more per 100 sequences decoding, and seconds per prompt (its intercept)."""
+    a, b, _, e = profile.prefill
+    return max(MIN_PREFILL_S, b) / 1000.0, max(0.0, e) / 1000.0, max(0.0, a)
+
+
+def per_prompt_cost(profile: Profile, alpha: float, alone: float) -> float:
+    """Seconds each prompt adds beyond its tokens when several wait: what the prompts
+    sent together showed (each one after the first added its tokens and this: a batching
+    engine pays a step's fixed cost once for all of them), else the intercept of a prompt
+    alone, `alone` (an engine that prefills one at a time pays it for each)."""
+    times, tokens = profile.concurrent_first_token_s, profile.concurrent_prompt_tokens
+    if len(times) < 2 or not tokens:
+        return alone
+    first = dot(profile.prefill, prefill_features(tokens, 0.0))  # one of them alone
+    each = (max(times) - first) / (len(times) - 1) - tokens * alpha
+    return min(alone, max(0.0, each))
