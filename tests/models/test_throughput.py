@@ -54,12 +54,30 @@ def test_a_waiting_head_shows_a_slow_engine_before_its_first_token() -> None:
     model = PrefillThroughput(alpha_prior=1e-4)
     model.placed("head", 1000, 0.0, 0.0)
     model.placed("next", 1000, 0.0, 0.0)
-    # By the prior, the head was done at 0.1 s. At 1 s it still waits: whatever was
-    # learned, the engine runs at 1 ms a token or slower.
-    assert model.censored(1.0) == pytest.approx(1e-3)
-    assert model.projection(1000, 1.0, 0.0) >= (1000 + 1000) * 1e-3  # next, own
+    # By the prior, the head was done at 0.1 s. At 1 s it still waits, on an engine whose
+    # steps hold nothing beside it: whatever was learned, it runs at 1 ms a token or
+    # slower.
+    assert model.censored(1.0, beside=0) == pytest.approx(1e-3)
+    assert model.projection(1000, 1.0, 0.0, beside=0) >= (1000 + 1000) * 1e-3  # next, own
     # and nothing of the head is counted as done beyond what the rate allows
-    assert model.ahead(1.0) >= 1001
+    assert model.ahead(1.0, beside=0) >= 1001
+    # Where its step may hold the next prompt as well, the engine may have prefilled both
+    # meanwhile: half the rate is all it shows.
+    assert model.censored(1.0) == pytest.approx(5e-4)
+    assert model.censored(1.0, beside=500) == pytest.approx(1.0 / 1500)
+
+
+def test_a_batch_prefilled_in_one_step_does_not_read_as_a_slow_engine() -> None:
+    # Sixteen prompts of 120 tokens placed together on an engine that prefills them in one
+    # step at 50 us a token (the embedded default's sims under a closed loop of 16): 96 ms
+    # later none has its first token yet, and the engine is as fast as its prior says.
+    model = PrefillThroughput(alpha_prior=5e-5)
+    for key in range(16):
+        model.placed(key, 120, 0.0, 0.0)
+    now = 16 * 120 * 5e-5
+    assert model.censored(now, beside=8192) == pytest.approx(5e-5)
+    # A seventeenth waits for the sixteen and its own prefill, not for sixteen steps.
+    assert model.projection(120, now, 0.0, beside=8192) < 2 * 17 * 120 * 5e-5
 
 
 def test_decoding_raises_the_price_of_a_token_when_the_engine_says_so() -> None:

@@ -239,6 +239,11 @@ class EngineModel:
         per_prompt = max(0.0, a - max(MIN_TPOT_S, t))
         return StepCosts(self._budget(decoding), base, per_token, per_prompt)
 
+    def _beside_head(self, decoding: float) -> int:
+        """Prompt tokens after the first one waiting that the step finishing it may
+        prefill as well: a step's budget; none where the engine serves one at a time."""
+        return 0 if self.one_at_a_time else self._budget(decoding)
+
     def _budget(self, decoding: float) -> int:
         """Prefill tokens a step has: the budget less one per decoding sequence."""
         return max(256, self.step_budget - int(decoding))
@@ -287,7 +292,10 @@ class EngineModel:
         # configured, never seen); the rate the engine has been seen to clear prompts at
         # bounds it from below whatever the scheduler.
         projected, _ = self.lane.project(prompt_tokens, now, costs, 0.0)
-        projected = max(projected, self.throughput.projection(prompt_tokens, now, decoding))
+        projected = max(
+            projected,
+            self.throughput.projection(prompt_tokens, now, decoding, self._beside_head(decoding)),
+        )
         if self.one_at_a_time:
             projected = max(projected, self._one_at_a_time_ttft(prompt_tokens, now))
         # Never less than the prompt's own prefill alone.
@@ -414,7 +422,10 @@ class EngineModel:
         if not len(self.lane):
             return 0.0
         _, ahead = self.lane.project(0, now, self.step_costs(decoding), 0.0)
-        cleared = self.throughput.ahead(now) * self.throughput.seconds_per_token(decoding)
+        throughput = self.throughput
+        cleared = throughput.ahead(now, self._beside_head(decoding)) * throughput.seconds_per_token(
+            decoding
+        )
         return max(ahead, cleared)
 
     def utilisation(self, now: float) -> float:

@@ -28,11 +28,14 @@ engine's sequence slots).
 Two things are known before any first token says so, from the prompts still waiting:
 
 - a busy period that has lasted `elapsed` seconds with `done` tokens finished and the
-  head prompt of `head` tokens not finished shows at least elapsed / (done + head) seconds
-  per token: the projection never prices below that (a censored observation), so an
-  engine that slows down, or the onset of an overload it serves more slowly than it
-  served light load, is seen while its requests wait, not a budget later when their
-  first tokens come;
+  head prompt of `head` tokens not finished shows at least elapsed / (done + head +
+  beside) seconds per token, `beside` the tokens of the prompts after the head that its
+  last step may hold as well (the step's budget; none on an engine that serves one
+  request at a time; at most those waiting): the projection never prices below that (a
+  censored observation), so an engine that slows down, or the onset of an overload it
+  serves more slowly than it served light load, is seen while its requests wait, not a
+  budget later when their first tokens come. Without `beside`, a batch of prompts
+  prefilled in one step would read as an engine that many times slower than it is;
 - the work ahead is what is waiting less the head's progress by the model, never less
   than the prompts after the head.
 
@@ -201,32 +204,42 @@ class PrefillThroughput:
         alpha, beta, _ = self._theta
         return min(_MAX_SECONDS_PER_TOKEN, alpha + beta * max(0.0, decoding) / 100.0)
 
-    def censored(self, now: float) -> float:
-        """Seconds per token the waiting prompts show already (0 when none waits)."""
+    def censored(self, now: float, beside: int | None = None) -> float:
+        """Seconds per token the waiting prompts show already (0 when none waits);
+        `beside`: the tokens after the head that the head's last step may prefill too
+        (None: any of those waiting)."""
         since = self._busy_since
         if since is None or not self._waiting:
             return 0.0
         head = next(iter(self._waiting.values()))
-        return max(0.0, now - since) / (self._done + head)
+        # The head has not finished, so the engine has prefilled at most the head, and
+        # in the step that finishes it, what that step has room for beside it.
+        others = self._waiting_tokens - head
+        if beside is not None:
+            others = min(others, max(0, beside))
+        return max(0.0, now - since) / (self._done + head + others)
 
-    def ahead(self, now: float) -> float:
+    def ahead(self, now: float, beside: int | None = None) -> float:
         """Prompt tokens still to prefill before a prompt placed now could start."""
         if not self._waiting:
             return 0.0
         since = self._busy_since
         assert since is not None
         head = next(iter(self._waiting.values()))
-        per_token = max(self.seconds_per_token(self._decoding), self.censored(now))
+        per_token = max(self.seconds_per_token(self._decoding), self.censored(now, beside))
         progress = max(0.0, now - since) / per_token - self._done
         return self._waiting_tokens - min(max(0.0, progress), head - 1)
 
-    def projection(self, tokens: int, now: float, decoding: float) -> float:
+    def projection(
+        self, tokens: int, now: float, decoding: float, beside: int | None = None
+    ) -> float:
         """Seconds until a prompt of `tokens` placed now is prefilled, by the fit alone:
-        its tokens and those ahead at the decode batch there will be by then."""
+        its tokens and those ahead at the decode batch there will be by then. `beside`
+        as for `censored`."""
         batch = min(float(self.max_sequences), decoding + len(self._waiting))
-        per_token = max(self.seconds_per_token(batch), self.censored(now))
+        per_token = max(self.seconds_per_token(batch), self.censored(now, beside))
         prompts = len(self._waiting) + 1
-        return (self.ahead(now) + max(1, tokens)) * per_token + prompts * self._theta[2]
+        return (self.ahead(now, beside) + max(1, tokens)) * per_token + prompts * self._theta[2]
 
     def view(self) -> dict[str, float]:
         alpha, beta, gamma = self._theta
