@@ -122,3 +122,17 @@ def test_an_unseen_class_borrows_from_the_nearest_shorter_one() -> None:
         middle = rng.uniform(0.25, 0.45)
         calibration.add(middle, middle * rng.uniform(0.95, 1.1))
     assert calibration.upper(0.8) < 0.8 * 1.2
+
+
+def test_a_few_slow_prompts_alone_do_not_set_the_prompt_alone_bound() -> None:
+    """The prompt-alone 429 tells the client not to retry: three prompts alone that a busy
+    host held to 4x their prefill do not make every such prompt refused for good; the
+    class says its own bound once it has enough samples."""
+    calibration = Calibration(budget_s=0.2)
+    before = calibration.upper(0.05, alone=True)
+    for _ in range(3):
+        calibration.add(0.05, 0.2, idle=True, alone=True)
+    assert calibration.upper(0.05, alone=True) == pytest.approx(before)
+    for _ in range(100):
+        calibration.add(0.05, 0.2, idle=True, alone=True)
+    assert calibration.upper(0.05, alone=True) > 2.5 * before

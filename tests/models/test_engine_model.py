@@ -10,7 +10,7 @@ import pytest
 
 from narwhal.models.drift import DRIFT_THRESHOLD
 from narwhal.models.engine import EngineModel
-from narwhal.models.profile import ProbeSample, fit_profile
+from narwhal.models.profile import ConcurrentSample, ProbeSample, fit_concurrency, fit_profile
 
 
 def profiled(a: float = 0.008, b: float = 0.05, tpot: float = 0.006) -> EngineModel:
@@ -184,3 +184,22 @@ def test_a_burst_onto_an_idle_engine_does_not_teach_its_time_as_one_prompts_pref
         now += 2.0
     assert model.solo(p) == pytest.approx(alone, rel=0.05)
     assert model.calibration.upper(alone, alone=True) <= 1.05 * bound
+
+
+def test_a_step_budget_the_concurrent_probes_showed_smaller_stands() -> None:
+    """vLLM on CPU prefills 2,048 tokens a step, and says so nowhere on the wire: the
+    concurrent probes' steps of two 1,024-token prompts bound the budget the model's steps
+    and its censored rate assume (the configured one, vLLM's GPU default, stands above)."""
+    samples = [ProbeSample(p, 0.008 + 0.05 * p / 1000, 0.006) for p in (64, 512, 2048, 64)]
+    profile = fit_profile(samples, source="token_ids", wall=0.0, now=0.0)
+    seen = fit_concurrency(ConcurrentSample(1024, (0.11, 0.11, 0.22, 0.22)), 0.059)
+    model = EngineModel("e")
+    model.install(profile.with_concurrency(seen))
+    assert model.step_costs(0.0).budget == 3 * 1024
+    small = EngineModel("e", step_budget=1024)
+    small.install(profile.with_concurrency(seen))
+    assert small.step_costs(0.0).budget == 1024
+    together = fit_concurrency(ConcurrentSample(1024, (0.2, 0.2, 0.2, 0.2)), 0.059)
+    wide = EngineModel("e")
+    wide.install(profile.with_concurrency(together))
+    assert wide.step_costs(0.0).budget == 8192

@@ -90,6 +90,19 @@ def test_first_tokens_together_are_batched_even_when_one_came_a_step_late() -> N
     assert result.first_token_s == (0.053, 0.205, 0.205, 0.205)
     assert result.batched_tokens_per_s == pytest.approx(4 * 1024 / 0.205)
     assert result.batched_cost_ratio == pytest.approx(0.205 / (4 * 0.053))
+    # The first step was short of prompts, not of budget: nothing is known of the budget.
+    assert result.step_tokens is None
+
+
+def test_first_tokens_in_steps_of_two_bound_what_a_step_holds() -> None:
+    # vLLM on CPU (2,048 tokens a step): two of four 1,024-token prompts end each step.
+    chunked = ConcurrentSample(1024, (0.071, 0.072, 0.139, 0.140))
+    result = fit_concurrency(chunked, solo_prefill_s=0.035)
+    assert result.discipline == "batched" and result.step_tokens == 3 * 1024
+    together = ConcurrentSample(1024, (0.130, 0.131, 0.131, 0.132))
+    assert fit_concurrency(together, solo_prefill_s=0.035).step_tokens is None
+    serial = ConcurrentSample(1024, (0.053, 0.106, 0.159, 0.212))
+    assert fit_concurrency(serial, solo_prefill_s=0.053).step_tokens == 2 * 1024
 
 
 def test_first_tokens_one_after_another_are_serial() -> None:

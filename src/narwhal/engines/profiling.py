@@ -315,7 +315,8 @@ class Profiler:
         a, b, *_ = profile.prefill
         log.info(
             "profiler: engine %s %s (%s): prefill %.1f ms + %.1f ms per 1k tokens, TPOT "
-            "%.2f ms, prompts arriving together: %s (spread %s); %d probes of %s tokens, "
+            "%.2f ms, prompts arriving together: %s (spread %s, a step holds %s tokens); "
+            "%d probes of %s tokens, "
             "the faster of %d each (%s), %s",
             name,
             "re-profiled" if profile.kind == "reprofile" else "profiled",
@@ -325,6 +326,7 @@ class Profiler:
             1e3 * profile.tpot[0],
             profile.prefill_discipline,
             _fmt(profile.concurrent_first_token_spread),
+            _step_tokens(profile),
             profile.samples,
             "/".join(map(str, profile.probe_prompt_tokens)),
             SOLO_PASSES,
@@ -511,6 +513,15 @@ class Profiler:
         if client.capabilities.vllm_fields:  # vLLM and SGLang: a fixed output length
             body["ignore_eos"] = True
         return parse_request(msgspec.json.encode(body), route, model=self._model)
+
+
+def _step_tokens(profile: Profile) -> str:
+    """What the concurrent probes showed of a step's budget, for the log."""
+    if profile.concurrent_step_tokens is not None:
+        return f"under {profile.concurrent_step_tokens}"
+    if profile.concurrent_prompt_tokens is None:
+        return "an unknown number of"
+    return f"at least {CONCURRENT_PROBES * profile.concurrent_prompt_tokens}"
 
 
 def concurrency_of(profile: Profile, samples: Sequence[ConcurrentSample]) -> Concurrency:

@@ -27,7 +27,8 @@ an engine that queueing made look hopeless can still take a prompt when it is id
 be learned again; without it, a bound that refused everything would never see the
 measurement that lowers it). Among them, those that nothing joined before their first
 token are a class again (`alone`): the prompt's own prefill, which the prompt-alone 429
-is about; an idle engine's first token is often later, since what arrives during a
+is about (read from `_OWN` samples on; the prior margin before, since that 429 is not to
+be retried); an idle engine's first token is often later, since what arrives during a
 prefill can share its steps, and the idle class bounds what is admitted there.
 
 Before `_FIRM` samples a bound cannot be read from a histogram alone (the 99.5th
@@ -126,6 +127,7 @@ class Calibration:
         "_classes",
         "_edges",
         "_idle",
+        "_prior",
         "additive_s",
         "prior",
         "quantile",
@@ -146,6 +148,7 @@ class Calibration:
         self._classes = [_Errors(prior) for _ in range(len(_CLASSES) + 1)]
         self._idle = _Errors(prior)
         self._alone = _Errors(prior)
+        self._prior = _Errors(prior)  # never fed: the prior margin alone
 
     @property
     def samples(self) -> int:
@@ -181,7 +184,10 @@ class Calibration:
 
     def _errors(self, raw: float, idle: bool = False, alone: bool = False) -> _Errors:
         if alone:
-            return self._alone
+            # The prompt-alone 429 says "do not retry": it reads its class once the class
+            # has _OWN samples, and the prior until then. A few prompts alone on a host
+            # busy for a moment would otherwise refuse every long prompt for good.
+            return self._alone if self._alone.samples >= _OWN else self._prior
         if idle:
             return self._idle
         index = bisect.bisect_right(self._edges, raw)

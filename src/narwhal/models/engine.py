@@ -135,7 +135,10 @@ class EngineModel:
         self._overlapped = 0.0
         self._serialized = 0.0
         self.tpot_observed: float | None = None  # an average of what requests saw
-        self._costs: tuple[tuple[int, int, int], StepCosts] | None = None
+        # The most prompt tokens a step holds, as the concurrent probes showed (None: no
+        # less than `step_budget` as far as they showed).
+        self._step_seen: int | None = None
+        self._costs: tuple[tuple[int, int, int, int], StepCosts] | None = None
         self._last_ttft: tuple[tuple[object, ...], float, float] | None = None
 
     # --- profile --------------------------------------------------------------------------
@@ -158,6 +161,7 @@ class EngineModel:
         # What the probes sent together showed of how many requests it serves at once.
         one_at_a_time = profile.prefill_discipline == "one_at_a_time"
         self._serialized = float(_SERIAL_EVIDENCE) if one_at_a_time else 0.0
+        self._step_seen = profile.concurrent_step_tokens
         self._overlapped = 1.0 if profile.prefill_discipline in ("batched", "serial") else 0.0
         state = self.profiling
         state.state = "profiled"
@@ -223,7 +227,12 @@ class EngineModel:
         is its base; the prefill slope its cost per token; what a prefill alone costs
         beyond both, its cost per prompt. Asked several times a request: kept until the
         fits or the decode batch change."""
-        key = (int(decoding), self.prefill_fit.version, self.tpot_fit.version)
+        key = (
+            int(decoding),
+            self.prefill_fit.version,
+            self.tpot_fit.version,
+            self._budget(decoding),
+        )
         cached = self._costs
         if cached is not None and cached[0] == key:
             return cached[1]
@@ -245,8 +254,15 @@ class EngineModel:
         return 0 if self.one_at_a_time else self._budget(decoding)
 
     def _budget(self, decoding: float) -> int:
-        """Prefill tokens a step has: the budget less one per decoding sequence."""
-        return max(256, self.step_budget - int(decoding))
+        """Prefill tokens a step has: the budget less one per decoding sequence. The
+        budget is the configured one (`max_num_batched_tokens`, vLLM's GPU default unless
+        set), or what the profile's concurrent probes showed where a step held less: a
+        vLLM on CPU defaults to 2,048 tokens, and nothing of its configuration is on
+        the wire."""
+        budget = self.step_budget
+        if self._step_seen is not None:
+            budget = min(budget, self._step_seen)
+        return max(256, budget - int(decoding))
 
     def ttft(
         self,

@@ -107,6 +107,11 @@ class Concurrency:
     discipline: Discipline
     batched_tokens_per_s: float
     batched_cost_ratio: float
+    # The most prompt tokens one of the engine's steps can hold, as far as they showed:
+    # fewer of them came at the first step's end than were sent (so a step holds less
+    # than one prompt more than those), or None when they all came together (a step
+    # holds them all, and maybe more).
+    step_tokens: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,6 +167,9 @@ class Profile:
     batched_cost_ratio: float | None = None
     concurrent_first_token_s: tuple[float, ...] = ()
     concurrent_prompt_tokens: int | None = None
+    # - concurrent_step_tokens: the most prompt tokens a step can hold, as they showed
+    #   (`Concurrency.step_tokens`; None: at least all of them).
+    concurrent_step_tokens: int | None = None
 
     def with_concurrency(self, concurrency: Concurrency | None) -> Profile:
         """This profile with what the concurrent probes measured (None: unchanged)."""
@@ -175,6 +183,7 @@ class Profile:
             batched_cost_ratio=concurrency.batched_cost_ratio,
             concurrent_first_token_s=concurrency.first_token_s,
             concurrent_prompt_tokens=concurrency.prompt_tokens,
+            concurrent_step_tokens=concurrency.step_tokens,
         )
 
     def view(self, now: float) -> dict[str, Any]:
@@ -205,6 +214,7 @@ class Profile:
                 "batched_prefill_tokens_per_s": _rounded(self.batched_prefill_tokens_per_s),
                 "batched_cost_ratio": _rounded(self.batched_cost_ratio),
                 "prompt_tokens": self.concurrent_prompt_tokens,
+                "step_tokens": self.concurrent_step_tokens,
                 "first_token_s": [round(t, 4) for t in self.concurrent_first_token_s],
             },
         }
@@ -224,7 +234,15 @@ def fit_concurrency(sample: ConcurrentSample, solo_prefill_s: float) -> Concurre
     that prefills one at a time ends them a prefill apart (gaps about the solo time).
     Where each prompt's first token came a prefill (half a solo time, at least) after
     the one before had its last token, the engine ran them one at a time, outputs and
-    all: no continuous batching."""
+    all: no continuous batching.
+
+    How many came at each step's end (first tokens within half a solo time of one
+    another) bounds what a step holds: a chunked scheduler with a budget of B tokens ends
+    about B / P prompts of P tokens a step, so B is less than one prompt more than the
+    most that came together (vLLM's CPU default of 2,048 tokens shows as two steps of two
+    1,024-token prompts). Unless the last step ended more than one prompt more than any
+    before it: the steps before were short of prompts that had not arrived, not of
+    budget, and nothing is known of it (`_step_tokens`)."""
     times = sorted(sample.first_token_s)
     if len(times) < 2 or sample.prompt_tokens <= 0:
         raise ProfileError("fewer than 2 concurrent probes answered")
@@ -232,6 +250,7 @@ def fit_concurrency(sample: ConcurrentSample, solo_prefill_s: float) -> Concurre
     gaps = [later - earlier for earlier, later in itertools.pairwise(times)]
     spread = max(0.0, statistics.median(gaps)) / solo
     last = max(MIN_PREFILL_S, times[-1])
+    step_tokens = _step_tokens(times, sample.prompt_tokens, 0.5 * solo)
     discipline: Discipline = "serial" if spread >= SERIAL_SPREAD else "batched"
     if discipline == "serial" and len(sample.last_token_s) == len(sample.first_token_s):
         ends = sorted(zip(sample.first_token_s, sample.last_token_s, strict=True))
@@ -244,7 +263,24 @@ def fit_concurrency(sample: ConcurrentSample, solo_prefill_s: float) -> Concurre
         discipline=discipline,
         batched_tokens_per_s=len(times) * sample.prompt_tokens / last,
         batched_cost_ratio=last / (len(times) * solo),
+        step_tokens=step_tokens,
     )
+
+
+def _step_tokens(times: list[float], prompt_tokens: int, apart: float) -> int | None:
+    """The most prompt tokens a step can hold, from first tokens (sorted) of equal prompts
+    sent together: steps end more than `apart` from one another (see `fit_concurrency`)."""
+    steps = [1]
+    start = times[0]
+    for t in times[1:]:
+        if t - start > apart:
+            steps.append(1)
+            start = t
+        else:
+            steps[-1] += 1
+    if len(steps) < 2 or steps[-1] > max(steps[:-1]) + 1:
+        return None
+    return (max(steps) + 1) * prompt_tokens
 
 
 def prefill_features(prompt_tokens: float, decoding: float) -> tuple[float, float, float, float]:
