@@ -60,7 +60,8 @@ async def refuses_connections(url: str) -> bool:
     parts = urlsplit(url)
     try:
         _, writer = await asyncio.open_connection(parts.hostname, parts.port)
-    except ConnectionRefusedError:
+    except (ConnectionRefusedError, ConnectionResetError):
+        # (reset: the connection sat in the listener's backlog as the listener closed)
         return True
     writer.close()
     return False
