@@ -905,17 +905,24 @@ def main(argv: Sequence[str] | None = None) -> int:
             hetero = heterogeneous(procs, capacity, args)
             drift_result = drift(procs, args)
 
+    if args.engine == "sim":
+        fleet = (
+            f"{args.engines} sims (both roles, time-scale 1), step budget {args.step_budget} "
+            f"tokens, prefill discipline {args.discipline}"
+        )
+    else:  # the engine's own configuration: nothing of it is set here
+        fleet = f"{args.engines} real {args.engine} engine(s) (both roles, their defaults)"
     print(
-        f"\n## Admission under overload: {args.engines} sims (both roles, time-scale 1), "
-        f"prompts {args.prompts} tokens, outputs {args.outputs} (ignore_eos), Poisson arrivals, "
-        f"{args.requests} requests per run, TTFT budget {args.budget:g} s, "
-        f"step budget {args.step_budget} tokens, prefill discipline {args.discipline}"
+        f"\n## Admission under overload: {fleet}, prompts {args.prompts} tokens, outputs "
+        f"{args.outputs} (ignore_eos), Poisson arrivals, {args.requests} requests per run, "
+        f"TTFT budget {args.budget:g} s"
     )
     print("\n" + harness.stamp(revision) + "\n")
     if args.capacity == "measured":
         print(
             f"capacity (measured: closed loop, {CAPACITY_CONCURRENCY_PER_ENGINE} in flight "
-            f"per engine, straight on the sims): {capacity:.2f} req/s"
+            f"per engine, straight on the {'sims' if args.engine == 'sim' else 'engines'}): "
+            f"{capacity:.2f} req/s"
         )
     else:
         print(f"capacity (prefill-bound, from the sims' model): {capacity:.2f} req/s")
