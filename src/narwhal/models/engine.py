@@ -31,6 +31,7 @@ from typing import Any, Final
 
 from narwhal.models.calibration import Calibration
 from narwhal.models.decode import DecodeBook
+from narwhal.models.discipline import EngineDiscipline
 from narwhal.models.drift import DriftScore, DriftWatch
 from narwhal.models.lane import PrefillLane, StepCosts
 from narwhal.models.lengths import OutputLengths
@@ -78,9 +79,6 @@ _KV_HEADROOM: Final = 0.9  # the share of the cache placement fills
 # TPOT observed where prefill stretched decode steps more than this is not learned from.
 _MAX_LEARNED_STRETCH: Final = 2.0
 _TTFT_KEPT_S: Final = 0.001
-# First tokens that waited for every decode ahead, with none overlapping, before an engine
-# is taken to serve one request at a time.
-_SERIAL_EVIDENCE: Final = 3
 
 
 # The normal quantile of the bound (99.5%), for a sum of output lengths (one at a time).
@@ -129,15 +127,9 @@ class EngineModel:
         self._stretched_at = -math.inf  # when prefill last stretched decode steps a lot
         self.observed_at = -math.inf  # when a served request last taught the model
         self._pending = PendingPrefills()
-        # First tokens that came while others of Narwhal's decoded there, and first tokens
-        # that came only once every decode placed before them had finished: the evidence
-        # that the engine serves one request at a time (see `one_at_a_time`).
-        self._overlapped = 0.0
-        self._serialized = 0.0
+        # Whether it serves one request at a time, and what its steps hold.
+        self.discipline = EngineDiscipline()
         self.tpot_observed: float | None = None  # an average of what requests saw
-        # The most prompt tokens a step holds, as the concurrent probes showed (None: no
-        # less than `step_budget` as far as they showed).
-        self._step_seen: int | None = None
         self._costs: tuple[tuple[int, int, int, int], StepCosts] | None = None
         self._last_ttft: tuple[tuple[object, ...], float, float] | None = None
 
@@ -158,11 +150,7 @@ class EngineModel:
         alpha, beta, gamma = throughput_prior(profile)
         self.throughput.reset(alpha, beta, per_prompt_cost(profile, alpha, gamma))
         self.calibration.reset()
-        # What the probes sent together showed of how many requests it serves at once.
-        one_at_a_time = profile.prefill_discipline == "one_at_a_time"
-        self._serialized = float(_SERIAL_EVIDENCE) if one_at_a_time else 0.0
-        self._step_seen = profile.concurrent_step_tokens
-        self._overlapped = 1.0 if profile.prefill_discipline in ("batched", "serial") else 0.0
+        self.discipline.install(profile)
         state = self.profiling
         state.state = "profiled"
         state.reason = None
@@ -254,15 +242,9 @@ class EngineModel:
         return 0 if self.one_at_a_time else self._budget(decoding)
 
     def _budget(self, decoding: float) -> int:
-        """Prefill tokens a step has: the budget less one per decoding sequence. The
-        budget is the configured one (`max_num_batched_tokens`, vLLM's GPU default unless
-        set), or what the profile's concurrent probes showed where a step held less: a
-        vLLM on CPU defaults to 2,048 tokens, and nothing of its configuration is on
-        the wire."""
-        budget = self.step_budget
-        if self._step_seen is not None:
-            budget = min(budget, self._step_seen)
-        return max(256, budget - int(decoding))
+        """Prefill tokens a step has: its budget (`EngineDiscipline.step_budget`) less one
+        per decoding sequence."""
+        return max(256, self.discipline.step_budget(self.step_budget) - int(decoding))
 
     def ttft(
         self,
@@ -330,11 +312,8 @@ class EngineModel:
 
     @property
     def one_at_a_time(self) -> bool:
-        """Whether the engine runs one request at a time, prefill and whole output, as an
-        engine without continuous batching does (`transformers serve` by default): a
-        prompt placed while others decoded there got its first token only after they had
-        all finished, several times, and never while another was decoding."""
-        return self._serialized >= _SERIAL_EVIDENCE and self._overlapped == 0
+        """Whether the engine runs one request at a time (`EngineDiscipline`)."""
+        return self.discipline.one_at_a_time
 
     def _one_at_a_time_ttft(self, prompt_tokens: int, now: float) -> float:
         """On an engine that serves one request at a time: what those decoding have left,
@@ -509,11 +488,7 @@ class EngineModel:
         finished = self._pending.finish(key)
         pending, alone = (None, False) if finished is None else finished
         if pending is not None:
-            beside = decoding if others is None else others
-            if beside >= 1:
-                self._overlapped += 1
-            elif pending.decoding_at >= 1:
-                self._serialized += 1
+            self.discipline.first_token(decoding if others is None else others, pending.decoding_at)
         measured = self.lane.finish(key, now, self._budget(decoding))
         self.throughput.finished(key, now, decoding)
         if pending is None or measured is None:

@@ -108,9 +108,9 @@ class Concurrency:
     batched_tokens_per_s: float
     batched_cost_ratio: float
     # The most prompt tokens one of the engine's steps can hold, as far as they showed:
-    # fewer of them came at the first step's end than were sent (so a step holds less
-    # than one prompt more than those), or None when they all came together (a step
-    # holds them all, and maybe more).
+    # less than one prompt more than the most that came at one step's end, or None when
+    # they all came together (a step holds them all, and maybe more) or the steps before
+    # the last were short of prompts still arriving (`_step_tokens`).
     step_tokens: int | None = None
 
 
