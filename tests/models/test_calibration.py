@@ -111,6 +111,31 @@ def test_a_run_of_misses_widens_the_bound_once_and_not_without_limit() -> None:
     assert calibration.upper(0.5) < (0.5 + 0.1) * 1.6 * 1.1 - 0.1
 
 
+def test_misses_that_come_in_runs_are_held_to_the_target_per_request() -> None:
+    """A rare host stall makes the next ten first tokens half as late again as their
+    projections: few enough that the histogram's 99.5th percentile passes under them, so
+    the coverage feedback has to widen the bound. Counting a run once must not make its
+    target one per 200 runs: per request, at most the quantile's 0.5% stay over it."""
+    rng = random.Random(7)
+    calibration = Calibration(budget_s=0.6)
+    exceeded = admitted = late_left = 0
+    now, next_stall = 0.0, 60.0
+    for i in range(30000):
+        now += rng.expovariate(20.0)
+        if now > next_stall:
+            late_left, next_stall = 10, now + rng.expovariate(1 / 60.0)
+        raw = rng.uniform(0.05, 0.5)
+        late = 1.5 if late_left > 0 else 1.0
+        late_left -= 1
+        measured = raw * late * math.exp(rng.gauss(0.0, 0.04)) + rng.uniform(0.0, 0.01)
+        bound = calibration.upper(raw)
+        if i >= 2000:
+            admitted += 1
+            exceeded += measured > bound
+        calibration.add(raw, measured, upper=bound, now=now)
+    assert exceeded / admitted <= 0.0055  # counted once per run: 0.67-0.74%
+
+
 def test_an_unseen_class_borrows_from_the_nearest_shorter_one() -> None:
     """Long projections not seen yet are bounded like the longest class seen, not like
     the mix of every projection (at light load: mostly short ones, off by a step)."""

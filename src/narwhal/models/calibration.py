@@ -61,10 +61,16 @@ _HALF_LIFE: Final = 1500.0  # samples
 # histogram missed (errors that come in runs: the prompts that join a step, a burst; a
 # class read from another's samples). Misses come together (a host stall, an engine's
 # hiccup: every request in flight is late at once), so the misses of one _RUN_S window
-# count as one, and the widening is bounded by _INFLATION: one stall must not hold the
-# bounds wide for the next thousand requests.
+# widen once, and the widening is bounded by _INFLATION: one stall must not hold the
+# bounds wide for the next thousand requests. The coverage promised is per request,
+# though: a run of five misses is five late first tokens. So the target per run is the
+# target per request over the mean length of the runs seen (a decayed mean, weight
+# _RUN_WEIGHT, within _RUN_LENGTH): where misses come five at a time, the bound settles
+# where a fifth as many runs begin.
 _STEP: Final = 0.15
 _RUN_S: Final = 1.0
+_RUN_WEIGHT: Final = 0.25
+_RUN_LENGTH: Final = (1.0, 10.0)
 _INFLATION: Final = (0.8, 1.6)
 _LOWEST: Final = 0.05
 _HIGHEST: Final = 50.0
@@ -73,7 +79,16 @@ _HIGHEST: Final = 50.0
 class _Errors:
     """The error distribution of one class of projections, its median and bound."""
 
-    __slots__ = ("_histogram", "_last_miss", "_since", "inflation", "median", "upper")
+    __slots__ = (
+        "_histogram",
+        "_last_miss",
+        "_run",
+        "_since",
+        "inflation",
+        "median",
+        "run_length",
+        "upper",
+    )
 
     def __init__(self, prior: float) -> None:
         self._histogram = DecayedHistogram(
@@ -84,14 +99,25 @@ class _Errors:
         self.upper = prior
         self.inflation = 1.0
         self._last_miss = -math.inf
+        self._run = 0  # misses in the run that began at _last_miss
+        self.run_length = 1.0  # misses per run, a decayed mean
 
     def outcome(self, exceeded: bool, target: float, now: float) -> None:
         """Whether a first token (at `now`) came later than the bound it was admitted
-        under."""
+        under; `target`: the share of first tokens that may."""
+        in_run = now - self._last_miss < _RUN_S
+        if self._run and not in_run:
+            # The run is over: its length joins the mean.
+            low, high = _RUN_LENGTH
+            mean = self.run_length + _RUN_WEIGHT * (self._run - self.run_length)
+            self.run_length = min(high, max(low, mean))
+            self._run = 0
         if exceeded:
-            if now - self._last_miss < _RUN_S:
-                return  # the same run of misses
+            self._run += 1
+            if in_run:
+                return  # the same run of misses: it widened when it began
             self._last_miss = now
+        target /= self.run_length
         step = _STEP * ((1.0 - target) if exceeded else -target)
         self.inflation = min(_INFLATION[1], max(_INFLATION[0], self.inflation * math.exp(step)))
 
