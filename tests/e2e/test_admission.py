@@ -195,7 +195,7 @@ async def test_a_client_that_stops_reading_is_released_at_its_deadline(
         writer.transport.pause_reading()  # and never reads again
         writer.write(
             b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
-            b"Content-Type: application/json\r\nX-Request-Timeout: 1\r\n"
+            b"Content-Type: application/json\r\nX-Request-Timeout: 3\r\n"
             b"Content-Length: %d\r\n\r\n%s" % (len(body), body)
         )
         try:
@@ -203,7 +203,7 @@ async def test_a_client_that_stops_reading_is_released_at_its_deadline(
             values = await settle(
                 router.url,
                 lambda v: v['narwhal_outcomes_total{outcome="expired"}'] == 1,
-                timeout=6,
+                timeout=8,
             )
             assert values['narwhal_outcomes_total{outcome="expired"}'] == 1
             assert values['narwhal_expired_total{stage="deadline_streaming"}'] == 1
