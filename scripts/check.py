@@ -8,10 +8,12 @@ marked `alone` (they measure their own wall-clock timing) in one process with no
 beside them. Arguments that choose the workers or marks themselves (-n, -p no:xdist, -m)
 make it one pytest run, as given.
 
-With --install-engines first (scripts/test passes it), scripts/install_engines.sh runs in
-the background meanwhile, its output in .venv-engines.log, so the engines' install overlaps
-ruff and mypy; pytest waits for it. An install that fails is reported and pytest runs all
-the same: the real-engine tests then fail under CI=true and are skipped elsewhere.
+With --install-engines first, scripts/install_engines.sh runs in the background meanwhile,
+its output in .venv-engines.log, so the engines' install overlaps ruff and mypy; pytest
+waits for it. With --engines-rc FILE first (scripts/test, which started the install before
+anything else), pytest waits for FILE, where the install writes its exit status. An
+install that fails is reported and pytest runs all the same: the real-engine tests then
+fail under CI=true and are skipped elsewhere.
 """
 
 import os
@@ -42,8 +44,18 @@ def start_engines_install() -> subprocess.Popen[bytes]:
         )
 
 
+def wait_engines_rc(rc_file: Path, started: float) -> None:
+    """Wait for the exit status of an install started before this script."""
+    while not rc_file.exists() or not rc_file.read_text().strip():
+        time.sleep(0.5)
+    report_engines_install(int(rc_file.read_text()), started)
+
+
 def wait_engines_install(install: subprocess.Popen[bytes], started: float) -> None:
-    code = install.wait()
+    report_engines_install(install.wait(), started)
+
+
+def report_engines_install(code: int, started: float) -> None:
     lines = ENGINES_LOG.read_text(errors="replace").splitlines()
     if code == 0:
         print(f"+ engines ready ({time.monotonic() - started:.0f}s): {lines[-1]}", flush=True)
@@ -82,13 +94,18 @@ def run_pytest(args: list[str]) -> None:
 
 args = sys.argv[1:]
 install = None
+rc_file = None
 started = time.monotonic()
 if args[:1] == ["--install-engines"]:
     args = args[1:]
     install = start_engines_install()
+elif args[:1] == ["--engines-rc"]:
+    rc_file, args = ROOT / args[1], args[2:]
 run("ruff", "check", "src", "tests", "scripts")
 run("ruff", "format", "--check", "src", "tests", "scripts")
 run("mypy")
 if install is not None:
     wait_engines_install(install, started)
+if rc_file is not None:
+    wait_engines_rc(rc_file, started)
 run_pytest(args)

@@ -1,4 +1,4 @@
-"""A bounded soak (60 s; NARWHAL_SOAK_S to change it): nothing lost, nothing leaked.
+"""A bounded soak (30 s; NARWHAL_SOAK_S to change it): nothing lost, nothing leaked.
 
 The traffic, faults and checks are in `tests/soak.py`; `scripts/perf/soak.py` runs the
 same soak for 10 minutes and prints its report.
@@ -18,7 +18,7 @@ pytestmark = pytest.mark.alone
 
 
 async def test_mixed_traffic_with_hostile_clients_and_engine_restarts_leaks_nothing() -> None:
-    duration = float(os.environ.get("NARWHAL_SOAK_S", "60"))
+    duration = float(os.environ.get("NARWHAL_SOAK_S", "30"))
     with soak_fleet() as (router, sims):
         report = await run_soak(router, sims, duration)
     print(report.summary())
