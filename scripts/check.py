@@ -11,9 +11,12 @@ make it one pytest run, as given.
 With --install-engines first, scripts/install_engines.sh runs in the background meanwhile,
 its output in .venv-engines.log, so the engines' install overlaps ruff and mypy; pytest
 waits for it. With --engines-rc FILE first (scripts/test, which started the install before
-anything else), pytest waits for FILE, where the install writes its exit status. An
-install that fails is reported and pytest runs all the same: the real-engine tests then
-fail under CI=true and are skipped elsewhere.
+anything else; FILE is where it writes its exit status), pytest does not wait: the tests
+that need no real engine run beside the rest of the install, and the real-engine tests
+wait for FILE themselves (NARWHAL_ENGINES_RC, tests/real/engines.py), so the minutes of
+the install overlap the suite instead of coming before it. An install that fails is
+reported and pytest runs all the same: the real-engine tests then fail under CI=true and
+are skipped elsewhere.
 """
 
 import os
@@ -107,5 +110,11 @@ run("mypy")
 if install is not None:
     wait_engines_install(install, started)
 if rc_file is not None:
-    wait_engines_rc(rc_file, started)
-run_pytest(args)
+    os.environ["NARWHAL_ENGINES_RC"] = str(rc_file)
+    if not rc_file.exists():
+        print("+ the engines' install goes on beside the tests (the real ones wait)", flush=True)
+try:
+    run_pytest(args)
+finally:
+    if rc_file is not None:
+        wait_engines_rc(rc_file, started)

@@ -28,16 +28,34 @@ PYTHON = VENV / "bin" / "python"
 # vLLM measured 18-26 s from start to /health here alone; under a parallel test run on two
 # cores shared with other work it has taken 80 s and more (its imports alone).
 START_TIMEOUT_S = 240.0
-# pytest-timeout's limit for a real-engine test: its setup may start an engine.
-TEST_TIMEOUT_S = START_TIMEOUT_S + 180
+# Where scripts/check.py's caller (scripts/test) installs the engines while the tests run:
+# the file their install writes its exit status to. The real-engine tests wait for it.
+INSTALL_RC = os.environ.get("NARWHAL_ENGINES_RC")
+INSTALL_WAIT_S = 1200.0  # two pip steps of install_engines.sh's 900 s at most, and more
+# pytest-timeout's limit for a real-engine test: its setup may wait for the install and
+# start an engine.
+TEST_TIMEOUT_S = START_TIMEOUT_S + 180 + (INSTALL_WAIT_S if INSTALL_RC else 0)
 
 
 def in_ci() -> bool:
     return os.environ.get("CI", "").lower() in ("1", "true", "yes")
 
 
+def wait_for_install() -> None:
+    """While the engines' install still runs beside the tests, wait for its end."""
+    if not INSTALL_RC:
+        return
+    rc = Path(INSTALL_RC)
+    deadline = time.monotonic() + INSTALL_WAIT_S
+    while not (rc.is_file() and rc.read_text().strip()):
+        if time.monotonic() > deadline:
+            pytest.fail(f"the engines' install did not end within {INSTALL_WAIT_S:.0f} s")
+        time.sleep(0.5)
+
+
 def require_engines() -> None:
     """Skip (fail under CI=true: CI must run this tier) when the engines are not installed."""
+    wait_for_install()
     if STAMP.is_file() and PYTHON.is_file():
         return
     reason = f"the real engines are not installed in {VENV}: run scripts/install_engines.sh"
