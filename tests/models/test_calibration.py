@@ -38,25 +38,6 @@ def test_the_bound_covers_the_quantile_it_is_set_to(spread: float) -> None:
     assert calibration.upper(0.6) < 0.6 * 1.2 * math.exp(3.2 * spread) + 0.05
 
 
-def test_a_new_engines_first_hundreds_are_held_to_the_bounds_share() -> None:
-    """Before a quantile lies between samples (400 at 99.5%), reading the second largest
-    lets through about 2/n of what comes next: 1% at 200. The bound over a new engine's
-    first 400 first tokens (log-normal errors, 40 engines) is exceeded by little more than
-    its 0.5% (0.99% when the second largest stood alone)."""
-    over = total = 0
-    for seed in range(40):
-        rng = random.Random(seed)
-        calibration = Calibration(budget_s=0.6)
-        for i in range(400):
-            raw = rng.uniform(0.1, 0.5)
-            measured = (raw + 0.06) * math.exp(rng.gauss(0.0, 0.12)) - 0.06
-            upper = calibration.upper(raw)
-            calibration.add(raw, measured, upper=upper, now=0.05 * i)
-            over += measured > upper
-            total += 1
-    assert over / total < 0.0085
-
-
 def test_short_and_long_projections_are_calibrated_apart() -> None:
     """Short projections off by a step's rounding do not widen the long ones' bound."""
     rng = random.Random(2)

@@ -20,22 +20,6 @@ def test_quantiles_within_a_bucket_of_the_truth() -> None:
         assert histogram.quantile(q) == pytest.approx(true, rel=0.2)  # bucket ratio 2^0.25
 
 
-def test_the_log_excess_above_a_threshold_is_the_tails_scale() -> None:
-    """Values whose logarithm is exponential (scale 0.1) above 1: a tenth of them lie above
-    the 0.9-quantile, by 0.1 in log terms on average, whatever the threshold."""
-    rng = random.Random(2)
-    histogram = DecayedHistogram(0.05, 50.0, ratio=2 ** (1 / 16), half_life=1e9)
-    for _ in range(20_000):
-        histogram.add(2.718281828 ** rng.expovariate(10.0))
-    threshold = histogram.quantile(0.9)
-    assert threshold is not None
-    share, excess = histogram.log_excess(threshold)
-    assert share == pytest.approx(0.1, rel=0.05)
-    assert excess == pytest.approx(0.1, rel=0.1)
-    assert histogram.log_excess(100.0) == (0.0, 0.0)
-    assert DecayedHistogram(1.0, 2.0).log_excess(1.5) == (0.0, 0.0)
-
-
 def test_decay_follows_a_new_distribution() -> None:
     histogram = DecayedHistogram(1.0, 1 << 20, half_life=200)
     for _ in range(5000):

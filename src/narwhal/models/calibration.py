@@ -54,8 +54,6 @@ _CLASSES: Final = (0.2, 0.5)  # class edges, in shares of the budget
 _OWN: Final = 60  # samples from which a class's own distribution is read
 _FIRM: Final = 400  # samples after which a histogram alone says the bound
 _REFRESH: Final = 8  # samples between two readings of a histogram's quantiles
-_TAIL_FROM: Final = 20  # samples from which a bound is also read from its tail's shape
-_TAIL_SAMPLES: Final = 5  # samples above the threshold the tail is read from, at least
 _HALF_LIFE: Final = 1500.0  # samples
 # The bound's own coverage, followed: a first token later than its bound widens the
 # class's bounds by _STEP (in log terms), each one within narrows them by _STEP x target,
@@ -139,35 +137,13 @@ class _Errors:
         # for a second would set every bound for the next hundreds. Until there are enough
         # for the quantile to lie between samples, the second largest stands for it (the
         # prior covers the few).
-        samples = histogram.samples
-        upper = histogram.quantile(min(quantile, 1.0 - 2.0 / max(4, samples)))
+        upper = histogram.quantile(min(quantile, 1.0 - 2.0 / max(4, histogram.samples)))
         if median is None or upper is None:
             return
-        if _TAIL_FROM <= samples < _FIRM:
-            # The second largest of n samples is exceeded by about 2/n of what comes
-            # next (1% at 200), more than the bound's share: until the quantile lies
-            # between samples, it is also extrapolated from the tail's own shape.
-            upper = max(upper, _extrapolated(histogram, quantile) or upper)
         # A prior that fades linearly over the first _FIRM samples.
-        firm = min(1.0, samples / _FIRM)
+        firm = min(1.0, histogram.samples / _FIRM)
         self.median = median
         self.upper = max(upper, prior + (1.0 - prior) * firm, median)
-
-
-def _extrapolated(histogram: DecayedHistogram, quantile: float) -> float | None:
-    """The `quantile` of few samples, read beyond them: the tail above the threshold that
-    _TAIL_SAMPLES (or a tenth) of them exceed taken as exponential in log terms, so that
-    its mean excess there says how far the rarer quantile lies (peaks over a threshold:
-    for a log-normal error it errs a little wide, about 2.7 sigma for 2.6)."""
-    samples = histogram.samples
-    above = max(_TAIL_SAMPLES / samples, 0.1)
-    threshold = histogram.quantile(1.0 - above)
-    if threshold is None or threshold <= 0:
-        return None
-    share, excess = histogram.log_excess(threshold)
-    if share <= 0:
-        return None
-    return threshold * math.exp(excess * math.log(share / (1.0 - quantile)))
 
 
 class Calibration:

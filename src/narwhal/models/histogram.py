@@ -108,28 +108,6 @@ class DecayedHistogram:
             seen += count
         return self.representative(len(self._counts) - 1)
 
-    def log_excess(self, threshold: float) -> tuple[float, float]:
-        """(share, mean of ln(value / threshold)) of the distribution above `threshold`
-        (> 0), each bucket's weight spread evenly over it, as `quantile` reads it."""
-        total = self._total
-        if total <= 0 or threshold <= 0:
-            return 0.0, 0.0
-        weight = excess = 0.0
-        for index in range(self.bucket(threshold), len(self._counts)):
-            count = self._counts[index]
-            if count <= 0:
-                continue
-            edge, high = self.lower_edge(index), self.lower_edge(index + 1)
-            low = max(edge, threshold)
-            if high <= low:
-                continue
-            share = count * (high - low) / (high - edge)
-            weight += share
-            excess += share * math.log(0.5 * (low + high) / threshold)
-        if weight <= 0:
-            return 0.0, 0.0
-        return weight / total, excess / weight
-
 
 class QuantileTracker:
     __slots__ = ("_log", "_max", "_min", "_q", "_step", "samples")
