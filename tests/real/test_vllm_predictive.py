@@ -1,6 +1,7 @@
 """Predictive admission in front of a real vLLM: the engine profiled from its token IDs, prompts
-sized by its /tokenize, and both predictive 429s. The engine here has a context of 8,192
-tokens, which today's profile probes fit (the 2,048-token case is test_vllm_fleet's)."""
+sized by its /tokenize, and both predictive 429s, on the session's engine (a context of
+2,048 tokens: the prompts here fit it); the onset of an overload, which runs alone, on an
+engine of its own with a context of 8,192 tokens (its prompts are longer)."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ import pytest
 
 from tests.e2e.conftest import metrics_of, send, settle
 from tests.processes import NarwhalProcess, router_process, write_router_config
-from tests.real.conftest import LONG_MAX_MODEL_LEN, MODEL, VLLM_MARKS, vllm_config
+from tests.real.conftest import MAX_MODEL_LEN, MODEL, VLLM_MARKS, vllm_config
 from tests.real.engines import EngineProcess
 from tests.real.test_vllm_fleet import report_until
 from tests.real.test_vllm_relay import chat, completion
@@ -41,8 +42,8 @@ def seen(engine: EngineProcess, path: str) -> int:
 
 
 @pytest.fixture(scope="module")
-def router(vllm_long: EngineProcess) -> Iterator[NarwhalProcess]:
-    with router_process(predictive(vllm_long)) as process:
+def router(vllm: EngineProcess) -> Iterator[NarwhalProcess]:
+    with router_process(predictive(vllm)) as process:
         yield process
 
 
@@ -50,7 +51,7 @@ async def test_the_engine_is_profiled_from_its_token_ids(router: NarwhalProcess)
     report = await report_until(
         router, lambda r: r["profiling"]["state"] not in ("unprofiled", "profiling"), 60.0
     )
-    assert report["monitoring"]["max_model_len"] == LONG_MAX_MODEL_LEN
+    assert report["monitoring"]["max_model_len"] == MAX_MODEL_LEN
     assert report["profiling"]["state"] == "profiled", report["profiling"]
     assert report["eligible"] is True and report["state"] == "up"
     profile = report["profile"]
@@ -63,32 +64,32 @@ async def test_the_engine_is_profiled_from_its_token_ids(router: NarwhalProcess)
 
 
 async def test_prompts_are_sized_by_the_engines_tokenize(
-    vllm_long: EngineProcess, router: NarwhalProcess
+    vllm: EngineProcess, router: NarwhalProcess
 ) -> None:
     """Without `tokenizer:`, the router's estimate is calibrated by the engine's counts: a
     prompt long enough to teach its bounds is counted by vLLM's /tokenize, in the
     background (no decision waits for it unless its bounds could flip it)."""
-    before = seen(vllm_long, "/tokenize")
+    before = seen(vllm, "/tokenize")
     prompt = "A prompt that the router sizes before admitting it, " * 4
     reply = await send(router.url, chat(prompt))
     assert reply.status == 200, reply.raw
     for _ in range(100):  # up to 10 s
-        if seen(vllm_long, "/tokenize") > before:
+        if seen(vllm, "/tokenize") > before:
             break
         await asyncio.sleep(0.1)
-    assert seen(vllm_long, "/tokenize") > before
+    assert seen(vllm, "/tokenize") > before
 
 
 async def test_a_burst_beyond_capacity_is_refused_early_with_ttft_budget_exceeded(
-    vllm_long: EngineProcess, tmp_path: Path
+    vllm: EngineProcess, tmp_path: Path
 ) -> None:
     """Many long prompts at once, a short budget: some are admitted, the rest refused at
     once with the predictive 429 and a Retry-After, and every one is counted once."""
     count = 24
-    prompts = [f"{i}" + FILLER * 300 for i in range(count)]
-    tokens = await _count(vllm_long, prompts[0])
+    prompts = [f"{i}" + FILLER * 150 for i in range(count)]
+    tokens = await _count(vllm, prompts[0])
     config_path = tmp_path / "narwhal.yaml"
-    config = predictive(vllm_long)
+    config = predictive(vllm)
     with router_process(config, config_path=config_path) as tight:
         # A budget of about four such prefills alone, by this router's own profile (taken
         # on this machine as loaded as it is now): one prompt is well within it, the
@@ -101,7 +102,7 @@ async def test_a_burst_beyond_capacity_is_refused_early_with_ttft_budget_exceede
         # probes of each length, and this machine's load may have changed since)
         async with aiohttp.ClientSession() as session:
             measured = [
-                (await _first_token(session, vllm_long.url, f"solo {i}" + FILLER * 300))[1]
+                (await _first_token(session, vllm.url, f"solo {i}" + FILLER * 150))[1]
                 for i in range(3)
             ]
         alone = max(alone, sorted(measured)[1])
@@ -130,18 +131,18 @@ async def test_a_burst_beyond_capacity_is_refused_early_with_ttft_budget_exceede
 
 
 async def test_a_prompt_alone_over_the_budget_is_refused_before_the_engine(
-    vllm_long: EngineProcess,
+    vllm: EngineProcess,
 ) -> None:
-    with router_process(predictive(vllm_long, ttft_target_s=0.001)) as router:
+    with router_process(predictive(vllm, ttft_target_s=0.001)) as router:
         # (profiled before the router listens, or soon after on a loaded machine)
         await report_until(router, lambda r: r["profile"] is not None, timeout=60.0)
-        before = seen(vllm_long, "/v1/completions")
-        reply = await send(router.url, completion(FILLER * 600, max_tokens=2))
+        before = seen(vllm, "/v1/completions")
+        reply = await send(router.url, completion(FILLER * 200, max_tokens=2))
         assert reply.status == 429, reply.raw
         error = reply.json()["error"]
         assert error["code"] == "prompt_exceeds_ttft_budget" and error["param"] == "prompt"
         assert "Retry-After" not in reply.headers
-        assert seen(vllm_long, "/v1/completions") == before
+        assert seen(vllm, "/v1/completions") == before
 
 
 async def _count(engine: EngineProcess, prompt: str) -> int:
@@ -154,18 +155,18 @@ async def _count(engine: EngineProcess, prompt: str) -> int:
 
 
 async def test_the_prompt_alone_429_tells_clients_not_to_retry(
-    vllm_long: EngineProcess,
+    vllm: EngineProcess,
 ) -> None:
     """`x-should-retry: false`, which the official client honours: one request, not three."""
-    with router_process(predictive(vllm_long, ttft_target_s=0.001)) as router:
+    with router_process(predictive(vllm, ttft_target_s=0.001)) as router:
         # (profiled before the router listens, or soon after on a loaded machine: until
         # then the engine takes no work and the answer would be a 503)
         await report_until(router, lambda r: r["profile"] is not None, timeout=60.0)
-        reply = await send(router.url, completion(FILLER * 600, max_tokens=2))
+        reply = await send(router.url, completion(FILLER * 200, max_tokens=2))
         assert reply.status == 429 and reply.headers.get("x-should-retry") == "false"
         with openai.OpenAI(base_url=router.url + "/v1", api_key="unused", max_retries=2) as c:
             with pytest.raises(openai.RateLimitError):
-                c.completions.create(model=MODEL, prompt=FILLER * 600, max_tokens=2)
+                c.completions.create(model=MODEL, prompt=FILLER * 200, max_tokens=2)
         # No retry: the router saw one request from the client, not three (counted, not
         # timed: a loaded machine may take longer for one than a backoff would).
         values = await metrics_of(router.url)
@@ -173,7 +174,7 @@ async def test_the_prompt_alone_429_tells_clients_not_to_retry(
 
 
 async def test_the_models_tokenizer_json_sizes_prompts_in_the_router(
-    vllm_long: EngineProcess, model_dir: Path
+    vllm: EngineProcess, model_dir: Path
 ) -> None:
     """`tokenizer:` set to the model's tokenizer.json: Narwhal counts a completion prompt as
     vLLM does, in its own process, and asks the engine's /tokenize nothing."""
@@ -182,14 +183,14 @@ async def test_the_models_tokenizer_json_sizes_prompts_in_the_router(
     tokenizer_json = model_dir / "tokenizer.json"
     prompt = "The narwhal measures the weather in Paris." + FILLER * 40
     local = Tokenizer.from_file(str(tokenizer_json)).encode(prompt, add_special_tokens=False)
-    assert len(local.ids) == await _count(vllm_long, prompt)
-    config = {**predictive(vllm_long), "tokenizer": str(tokenizer_json)}
+    assert len(local.ids) == await _count(vllm, prompt)
+    config = {**predictive(vllm), "tokenizer": str(tokenizer_json)}
     with router_process(config) as router:
-        before = seen(vllm_long, "/tokenize")
+        before = seen(vllm, "/tokenize")
         reply = await send(router.url, completion(prompt, max_tokens=2))
         assert reply.status == 200, reply.raw
         assert reply.json()["usage"]["prompt_tokens"] == len(local.ids)
-        assert seen(vllm_long, "/tokenize") == before
+        assert seen(vllm, "/tokenize") == before
 
 
 async def _first_token(session: aiohttp.ClientSession, url: str, prompt: str) -> tuple[int, float]:
