@@ -314,7 +314,8 @@ def bench_run(
         tag,
         [router.url],
         bench_args,
-        watch=[router],
+        # The engines too: their CPU is this run's, not other work on the host.
+        watch=[router, *FLEET],
         router=router,
         warmup=args.warmup if warmup is None else warmup,
         timeout_s=duration + lead_s + 400,
@@ -329,6 +330,7 @@ DISCIPLINE = ["chunked"]  # the sims' --prefill-discipline (set from --disciplin
 
 ENGINE = ["sim"]  # --engine: sim, or vllm (real engines started once, kept across runs)
 REAL: list[Server] = []  # the real engines, when --engine is not sim
+FLEET: list[Server] = []  # the engines of the run in progress
 DIALECT = ["vllm"]  # the engines' dialect in the router's configuration
 
 
@@ -410,6 +412,7 @@ def fleet_and_router(
 ) -> tuple[list[Server], Server]:
     """Fresh engines and a fresh router for one run."""
     sims = start_fleet(procs, tag, [()] * args.engines)
+    FLEET[:] = sims
     named = [(f"e{i}", sim, "both") for i, sim in enumerate(sims)]
     config = router_config(
         procs.log_dir / f"router-{tag}.yaml", named, policy, args.budget, queue_depth=queue_depth
