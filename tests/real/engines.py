@@ -128,7 +128,10 @@ def engine_process(
     start fails with the log's tail when /health is not 200 within `timeout` seconds."""
     log = log_dir / f"{name}.log"
     url = f"http://127.0.0.1:{port}"
+    # Bytecode written (scripts/install_engines.sh installs without it): the modules an
+    # engine imports are compiled by its first start, not by every one.
     child_env = {**os.environ, "PYTHONUNBUFFERED": "1", **env}
+    child_env.pop("PYTHONDONTWRITEBYTECODE", None)
     started = time.monotonic()
     with open(log, "wb") as out:
         proc = subprocess.Popen(
