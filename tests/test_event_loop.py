@@ -127,7 +127,12 @@ async def test_a_long_prompt_is_sized_off_the_loop(caplog: pytest.LogCaptureFixt
     ) as sim:
         loop = asyncio.get_running_loop()
         engine = EngineConfig(name="s0", url=sim.url, dialect="openai")
-        runner, url = await _serve_router(Config(model=MODEL, engines=(engine,)))
+        # A budget of 60 s: the profile of a time-scale-0 sim is the host's noise, and its
+        # per-token costs from probes of at most 2,048 tokens, carried to 450,000, once
+        # made this prompt a prompt-alone 429 at the default 2 s on a busy CI machine.
+        admission = AdmissionConfig(ttft_target_s=60.0)
+        config = Config(model=MODEL, engines=(engine,), admission=admission)
+        runner, url = await _serve_router(config)
         prompt = "1 " * 450_000  # 900 kB, 450,000 tokens: ~65 ms to size on the dev machine
         body = {"model": MODEL, "messages": [{"role": "user", "content": prompt}], "max_tokens": 2}
         try:
