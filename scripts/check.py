@@ -8,15 +8,13 @@ marked `alone` (they measure their own wall-clock timing) in one process with no
 beside them. Arguments that choose the workers or marks themselves (-n, -p no:xdist, -m)
 make it one pytest run, as given.
 
-With --install-engines first, scripts/install_engines.sh runs in the background meanwhile,
-its output in .venv-engines.log, so the engines' install overlaps ruff and mypy; pytest
-waits for it. With --engines-rc FILE first (scripts/test, which started the install before
-anything else; FILE is where it writes its exit status), pytest does not wait: the tests
-that need no real engine run beside the rest of the install, and the real-engine tests
-wait for FILE themselves (NARWHAL_ENGINES_RC, tests/real/engines.py), so the minutes of
-the install overlap the suite instead of coming before it. An install that fails is
-reported and pytest runs all the same: the real-engine tests then fail under CI=true and
-are skipped elsewhere.
+With --engines-rc FILE first (scripts/test, which starts scripts/install_engines.sh before
+anything else, its output in .venv-engines.log; FILE is where it writes its exit status),
+pytest does not wait for the install: the tests that need no real engine run beside it,
+and the real-engine tests wait for FILE themselves (NARWHAL_ENGINES_RC,
+tests/real/engines.py), so the minutes of the install overlap the suite instead of coming
+before it. The install's end is reported after pytest; one that failed does not stop the
+run: the real-engine tests then fail under CI=true and are skipped elsewhere.
 """
 
 import os
@@ -36,29 +34,11 @@ def run(*cmd: str) -> None:
         sys.exit(code)
 
 
-def start_engines_install() -> subprocess.Popen[bytes]:
-    print(f"+ scripts/install_engines.sh > {ENGINES_LOG.name} (in the background)", flush=True)
-    with open(ENGINES_LOG, "wb") as log:
-        return subprocess.Popen(
-            [str(ROOT / "scripts" / "install_engines.sh")],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-        )
-
-
 def wait_engines_rc(rc_file: Path, started: float) -> None:
-    """Wait for the exit status of an install started before this script."""
+    """Wait for the exit status of the install scripts/test started."""
     while not rc_file.exists() or not rc_file.read_text().strip():
         time.sleep(0.5)
-    report_engines_install(int(rc_file.read_text()), started)
-
-
-def wait_engines_install(install: subprocess.Popen[bytes], started: float) -> None:
-    report_engines_install(install.wait(), started)
-
-
-def report_engines_install(code: int, started: float) -> None:
+    code = int(rc_file.read_text())
     lines = ENGINES_LOG.read_text(errors="replace").splitlines()
     if code == 0:
         print(f"+ engines ready ({time.monotonic() - started:.0f}s): {lines[-1]}", flush=True)
@@ -96,19 +76,13 @@ def run_pytest(args: list[str]) -> None:
 
 
 args = sys.argv[1:]
-install = None
 rc_file = None
 started = time.monotonic()
-if args[:1] == ["--install-engines"]:
-    args = args[1:]
-    install = start_engines_install()
-elif args[:1] == ["--engines-rc"]:
+if args[:1] == ["--engines-rc"]:
     rc_file, args = ROOT / args[1], args[2:]
 run("ruff", "check", "src", "tests", "scripts")
 run("ruff", "format", "--check", "src", "tests", "scripts")
 run("mypy")
-if install is not None:
-    wait_engines_install(install, started)
 if rc_file is not None:
     os.environ["NARWHAL_ENGINES_RC"] = str(rc_file)
     if not rc_file.exists():

@@ -36,10 +36,10 @@ pip() {
 }
 # torch first and alone: the CPU wheel (pip on these machines finds it locally). Then
 # vLLM held to that torch, or pip would replace it with the CUDA build from the index.
-# --no-compile: pip byte-compiles every module it installs (21,000 files here, most of
-# the install's CPU), though an engine imports a fraction of them; the import check below
-# compiles those, and the engines' own starts any others (tests/real/engines.py lets them
-# write bytecode).
+# --no-compile: pip byte-compiles every module it installs (21,640 files), unless
+# PYTHONDONTWRITEBYTECODE is set, though an engine imports a fraction of them; the import
+# check below compiles those, and the engines' own starts any others
+# (tests/real/engines.py lets them write bytecode).
 pip install -q --no-compile "torch==$TORCH"
 constraints="$VENV/narwhal-constraints.txt"
 echo "torch==$TORCH+cpu" >"$constraints"
