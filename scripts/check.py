@@ -6,7 +6,8 @@ group of tests stays on one worker, which owns its engines), NARWHAL_TEST_WORKER
 a real vLLM, slowed the machine enough to make timing-bound tests flake), then the tests
 marked `alone` (they measure their own wall-clock timing) in one process with nothing
 beside them. Arguments that choose the workers or marks themselves (-n, -p no:xdist, -m)
-make it one pytest run, as given.
+make it one pytest run, as given. The parallel run keeps the collection's order
+(--no-loadscope-reorder), which tests/conftest.py ends with the real engines' groups.
 
 With --engines-rc FILE first (scripts/test, which starts scripts/install_engines.sh before
 anything else, its output in .venv-engines.log; FILE is where it writes its exit status),
@@ -56,7 +57,7 @@ def pytest_runs(args: list[str]) -> list[list[str]]:
         return [args]
     workers = os.environ.get("NARWHAL_TEST_WORKERS", "3")
     return [
-        ["-n", workers, "--dist", "loadgroup", "-m", "not alone", *args],
+        ["-n", workers, "--dist", "loadgroup", "--no-loadscope-reorder", "-m", "not alone", *args],
         ["-n", "0", "-m", "alone", *args],
     ]
 
