@@ -8,22 +8,31 @@ from collections.abc import Iterator
 
 import pytest
 
-# The real engines' test groups (tests/real), run last in the parallel run (scripts/check.py
-# keeps this order: --no-loadscope-reorder): scheduled first, as xdist's reordering by size
-# put them, each held a worker idle while the engines installed beside the suite (minutes on
-# a fresh machine); last, the engines are installed by the time a worker reaches them, and
-# a real vLLM's two busy cores no longer slow the timing-bound tests beside it. vLLM's
-# group, the longer, comes first of the two.
-LAST_GROUPS = ("real-vllm", "real-transformers")
+# Where the real engines' test groups (tests/real) run in the parallel run (scripts/check.py
+# keeps the collection's order: --no-loadscope-reorder). Scheduled first, as xdist's
+# reordering by size put them, each held a worker idle while the engines installed beside
+# the suite (minutes on a fresh machine), and a real vLLM's busy cores slowed the
+# end-to-end tests beside it; last, the other workers idled while vLLM's group ran. So they
+# come after the end-to-end tests (by then the install is done), vLLM's first, and the other
+# workers meanwhile run the fast unit tests of the folders after them.
+LATE_GROUPS = ("real-vllm", "real-transformers")
+
+
+def _late_group(item: pytest.Item) -> int | None:
+    group = item.get_closest_marker("xdist_group")
+    name = group.args[0] if group is not None and group.args else None
+    return LATE_GROUPS.index(name) if name in LATE_GROUPS else None
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    def rank(item: pytest.Item) -> int:
-        group = item.get_closest_marker("xdist_group")
-        name = group.args[0] if group is not None and group.args else None
-        return 1 + LAST_GROUPS.index(name) if name in LAST_GROUPS else 0
-
-    items.sort(key=rank)  # stable: every other test keeps its place
+    late = sorted(
+        (item for item in items if _late_group(item) is not None),
+        key=lambda item: _late_group(item) or 0,
+    )
+    rest = [item for item in items if _late_group(item) is None]
+    end_to_end = [i for i, item in enumerate(rest) if item.nodeid.startswith("tests/e2e/")]
+    at = end_to_end[-1] + 1 if end_to_end else len(rest)
+    items[:] = rest[:at] + late + rest[at:]
 
 
 @pytest.fixture
