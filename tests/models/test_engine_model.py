@@ -156,6 +156,29 @@ def test_a_drift_the_probes_do_not_see_moves_the_baseline_and_keeps_what_was_lea
     assert model.drifted and model.prefill_drift.score > DRIFT_THRESHOLD
 
 
+def test_a_drifts_re_profile_keeps_the_bounds_calibration_and_a_new_process_resets_it() -> None:
+    """A re-profile for drift is of the engine that was serving: the fits restart from
+    its new baseline, but the bound's calibration keeps what the engine's first tokens
+    taught it (reset, the bound is back to a handful of samples, exceeded far more often:
+    on a real vLLM under load, probes among its requests re-profiled it every 35 s). A
+    restarted engine's re-profile starts the calibration afresh."""
+    model = profiled()
+    for _ in range(300):
+        model.calibration.add(0.3, 0.45)  # 1.5x later than projected, every time
+    learned = model.calibration.upper(0.3)
+    again = fit_profile(
+        [ProbeSample(p, 0.009 + 0.06 * p / 1000, 0.007) for p in (64, 512, 2048, 64)],
+        source="token_ids",
+        wall=1.0,
+        now=1.0,
+    )
+    model.install(again, same_process=True)
+    assert model.profile is again and model.calibration.samples == 300
+    assert model.calibration.upper(0.3) == pytest.approx(learned)
+    model.install(again)  # a new process behind the name
+    assert model.calibration.samples == 0
+
+
 def test_no_probe_size_hint_before_enough_solo_prefills() -> None:
     model = profiled()
     serve_alone(model, [3000] * 7, speed=1.0, start=0.0)

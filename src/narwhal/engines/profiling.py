@@ -304,7 +304,8 @@ class Profiler:
             )
             return
         was_profiled = model.profiled
-        model.install(profile)
+        # A drift's re-profile (`rescale`) is of the same process: a restart is not.
+        model.install(profile, same_process=why.rescale and old is not None)
         state.probe_runs += 1
         state.last_reason = why.reason
         self._failures.pop(name, None)

@@ -139,8 +139,14 @@ class EngineModel:
     def profiled(self) -> bool:
         return self.profile is not None
 
-    def install(self, profile: Profile) -> None:
-        """A new baseline (first profile or re-profile): the fits restart from it."""
+    def install(self, profile: Profile, *, same_process: bool = False) -> None:
+        """A new baseline (first profile or re-profile): the fits restart from it.
+        `same_process`: a re-profile for drift of an engine that did not restart, whose
+        bound's calibration is kept: its errors are the host's and the load's as much as
+        the profile's, and reset, the bound would go back to the few-samples regime
+        (a prior margin, the second largest of a handful) where first tokens exceed it
+        several times as often. On a real vLLM under steady load, probes among its
+        requests re-profiled it every 35 s, each a reset."""
         self.profile = profile
         self._baseline = profile
         self.prefill_fit.reset(profile.prefill)
@@ -149,7 +155,8 @@ class EngineModel:
         self.drift_watch.reset()
         alpha, beta, gamma = throughput_prior(profile)
         self.throughput.reset(alpha, beta, per_prompt_cost(profile, alpha, gamma))
-        self.calibration.reset()
+        if not same_process:
+            self.calibration.reset()
         self.discipline.install(profile)
         state = self.profiling
         state.state = "profiled"
