@@ -12,7 +12,7 @@ from narwhal.config import EngineConfig
 from narwhal.errors import PromptExceedsTtftBudget, TtftBudgetExceeded
 from narwhal.fleet.state import EngineHealth
 from narwhal.models.book import ModelBook
-from narwhal.models.calibration import PRIOR_MARGIN
+from narwhal.models.calibration import QUEUE_PRIOR_MARGIN
 from narwhal.models.profile import ProbeSample, fit_profile
 from narwhal.scheduler.placement import PlacementRequest
 from narwhal.scheduler.registry import EngineRegistry
@@ -42,13 +42,13 @@ def fleet(*roles: str, budget: float = 1.0) -> tuple[PredictiveCheck, EngineRegi
 def bound(raw: float, budget: float = 1.0) -> float:
     """A new engine's bound on a projection (its calibration has seen nothing yet)."""
     s = 0.1 * budget
-    return (raw + s) * PRIOR_MARGIN - s
+    return (raw + s) * QUEUE_PRIOR_MARGIN - s
 
 
 def raw_for(upper: float, budget: float = 1.0) -> float:
     """The projection whose bound is `upper`."""
     s = 0.1 * budget
-    return (upper + s) / PRIOR_MARGIN - s
+    return (upper + s) / QUEUE_PRIOR_MARGIN - s
 
 
 def request(prompt_tokens: int) -> PlacementRequest:
@@ -112,7 +112,7 @@ def test_projection_over_the_budget_is_429_with_the_rounded_overrun(
 
 def test_time_already_spent_counts_against_the_budget() -> None:
     check, registry, _ = fleet("both", budget=1.0)
-    backlog(registry, "e0", 0.45)  # upper = (0.45 + 0.06 + 0.1) x 1.3 - 0.1 = 0.693
+    backlog(registry, "e0", 0.32)  # upper = (0.32 + 0.06 + 0.1) x 1.65 - 0.1 = 0.692
     assert check.check(request(1000), arrived=-0.25, now=0.0, queued=0) is not None
     with pytest.raises(TtftBudgetExceeded):  # sizing took 0.35 s: 0.65 s are left
         check.check(request(1000), arrived=-0.35, now=0.0, queued=0)

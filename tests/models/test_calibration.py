@@ -7,13 +7,14 @@ import random
 
 import pytest
 
-from narwhal.models.calibration import PRIOR_MARGIN, Calibration
+from narwhal.models.calibration import PRIOR_MARGIN, QUEUE_PRIOR_MARGIN, Calibration
 
 
 def test_a_new_engine_is_bounded_by_the_prior_margin() -> None:
     calibration = Calibration(budget_s=1.0)
     s = 0.1
-    assert calibration.upper(0.5) == pytest.approx((0.5 + s) * PRIOR_MARGIN - s)
+    assert calibration.upper(0.5) == pytest.approx((0.5 + s) * QUEUE_PRIOR_MARGIN - s)
+    assert calibration.upper(0.5, alone=True) == pytest.approx((0.5 + s) * PRIOR_MARGIN - s)
     assert calibration.expected(0.5) == pytest.approx(0.5)
 
 
@@ -66,7 +67,7 @@ def test_absurd_samples_are_ignored_and_reset_forgets() -> None:
     assert calibration.upper(0.5) > 4.0
     calibration.reset()
     assert calibration.samples == 0
-    assert calibration.upper(0.5) == pytest.approx((0.5 + 0.1) * PRIOR_MARGIN - 0.1)
+    assert calibration.upper(0.5) == pytest.approx((0.5 + 0.1) * QUEUE_PRIOR_MARGIN - 0.1)
 
 
 def test_the_bound_follows_its_own_coverage_where_the_histogram_misses() -> None:
