@@ -817,6 +817,18 @@ def plot(runs: list[Run], directory: Path) -> None:
     harness.log(f"plot written to {directory / 'admission.png'}")
 
 
+def _capacity_arg(value: str) -> str | float:
+    if value in ("model", "measured"):
+        return value
+    try:
+        rate = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r}: model, measured or req/s") from None
+    if not (math.isfinite(rate) and rate > 0):
+        raise argparse.ArgumentTypeError(f"{value!r}: a rate above 0")
+    return rate
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--engines", type=int, default=2, help="sims in the fleet")
@@ -838,9 +850,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument(
         "--capacity",
-        choices=("model", "measured"),
-        help="the fleet's capacity: computed from the chunked model, or measured "
-        "(default: model for chunked sims, measured for the others)",
+        type=_capacity_arg,
+        help="the fleet's capacity: computed from the chunked model, measured, or given in "
+        "req/s (to compare revisions at the same offered rates; default: model for "
+        "chunked sims, measured for the others)",
     )
     parser.add_argument("--capacity-requests", type=int, default=600, help="to measure it")
     parser.add_argument(
@@ -882,7 +895,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     with Processes(keep_logs=args.keep_logs) as procs, contextlib.ExitStack() as stack:
         if args.engine != "sim":
             stack.enter_context(real_engines(args.engine, args.engines, procs.log_dir))
-        if args.capacity == "measured":
+        if isinstance(args.capacity, float):
+            capacity = args.capacity
+        elif args.capacity == "measured":
             capacity = measured_capacity(procs, args)
         else:
             capacity = fleet_capacity(args.engines, args.step_budget)
@@ -927,6 +942,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"per engine, straight on the {'sims' if args.engine == 'sim' else 'engines'}): "
             f"{capacity:.2f} req/s"
         )
+    elif isinstance(args.capacity, float):
+        print(f"capacity (given: --capacity): {capacity:.2f} req/s")
     else:
         print(f"capacity (prefill-bound, from the sims' model): {capacity:.2f} req/s")
     tuned = ", ".join(
