@@ -338,7 +338,7 @@ class Router:
         controller.decode_limit = admission.phase_concurrency.decode
         self.gate.wait_timeout_s = admission.wait_timeout_s
         if self.book is not None:
-            self.book.budget = admission.ttft_target_s
+            self.book.set_budget(admission.ttft_target_s)
         if self.check is not None:
             self.check.budget = admission.ttft_target_s
         if isinstance(self.scheduler.scorer, ProjectingScorer):

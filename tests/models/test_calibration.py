@@ -7,6 +7,7 @@ import random
 
 import pytest
 
+from narwhal.models.book import ModelBook
 from narwhal.models.calibration import PRIOR_MARGIN, QUEUE_PRIOR_MARGIN, Calibration
 
 
@@ -162,3 +163,20 @@ def test_a_few_slow_prompts_alone_do_not_set_the_prompt_alone_bound() -> None:
     for _ in range(100):
         calibration.add(0.05, 0.2, idle=True, alone=True)
     assert calibration.upper(0.05, alone=True) > 2.5 * before
+
+
+def test_a_new_budget_calibrates_every_engines_bound_for_it() -> None:
+    """A reload that cuts the budget: the bound's additive term and classes are the new
+    budget's (with the old one's, a 2 s budget cut to 0.18 s bounded an idle engine's
+    50 ms prefill at 0.21 s and refused it); the same budget again keeps what was learnt."""
+    book = ModelBook(["e0"], ttft_budget_s=2.0)
+    for _ in range(100):
+        book.model("e0").calibration.add(0.5, 0.6)
+    book.set_budget(2.0)
+    assert book.model("e0").calibration.samples == 100
+    book.set_budget(0.18)
+    calibration = book.model("e0").calibration
+    assert book.budget == 0.18 and calibration.samples == 0
+    assert calibration.additive_s == pytest.approx(0.018)
+    assert calibration.upper(0.05) == pytest.approx((0.05 + 0.018) * QUEUE_PRIOR_MARGIN - 0.018)
+    assert calibration.upper(0.05) < 0.18

@@ -82,6 +82,18 @@ class ModelBook:
         )
         return model
 
+    def set_budget(self, ttft_budget_s: float) -> None:
+        """A new TTFT budget (a reload): each engine's bound is calibrated afresh for it.
+        Its errors are kept relative to a tenth of the budget and classed by shares of
+        it, so samples taken under the old budget do not read under the new one (kept,
+        a budget cut from 2 s to 0.18 s bounded an idle engine's 50 ms prefill at 0.21
+        s, and refused it)."""
+        if ttft_budget_s == self.budget:
+            return
+        self.budget = ttft_budget_s
+        for model in self.engines.values():
+            model.calibration = self._calibration(ttft_budget_s)
+
     @staticmethod
     def _calibration(budget: float) -> Calibration:
         return Calibration(budget_s=max(1e-2, budget))
