@@ -7,7 +7,8 @@ a real vLLM, slowed the machine enough to make timing-bound tests flake), then t
 marked `alone` (they measure their own wall-clock timing) in one process with nothing
 beside them. Arguments that choose the workers or marks themselves (-n, -p no:xdist, -m)
 make it one pytest run, as given. The parallel run keeps the collection's order
-(--no-loadscope-reorder), which tests/conftest.py ends with the real engines' groups.
+(--no-loadscope-reorder), in which tests/conftest.py puts the real engines' groups
+after the end-to-end tests.
 
 With --engines-rc FILE first (scripts/test, which starts scripts/install_engines.sh before
 anything else, its output in .venv-engines.log; FILE is where it writes its exit status),

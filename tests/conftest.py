@@ -25,11 +25,12 @@ def _late_group(item: pytest.Item) -> int | None:
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    late = sorted(
-        (item for item in items if _late_group(item) is not None),
-        key=lambda item: _late_group(item) or 0,
-    )
-    rest = [item for item in items if _late_group(item) is None]
+    groups: list[list[pytest.Item]] = [[] for _ in LATE_GROUPS]
+    rest: list[pytest.Item] = []
+    for item in items:
+        group = _late_group(item)
+        (rest if group is None else groups[group]).append(item)
+    late = [item for group in groups for item in group]
     end_to_end = [i for i, item in enumerate(rest) if item.nodeid.startswith("tests/e2e/")]
     at = end_to_end[-1] + 1 if end_to_end else len(rest)
     items[:] = rest[:at] + late + rest[at:]

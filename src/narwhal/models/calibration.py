@@ -185,11 +185,8 @@ class Calibration:
         self.prior = prior
         self.queue_prior = queue_prior
         self._edges = tuple(edge * budget_s for edge in _CLASSES)
-        self._all = _Errors(queue_prior)
-        self._classes = [_Errors(queue_prior) for _ in range(len(_CLASSES) + 1)]
-        self._idle = _Errors(queue_prior)
-        self._alone = _Errors(prior)
         self._prior = _Errors(prior)  # never fed: the prior margin alone
+        self.reset()
 
     @property
     def samples(self) -> int:
@@ -265,6 +262,6 @@ class Calibration:
     def reset(self) -> None:
         """A new engine behind the name (its first profile, or it restarted)."""
         self._all = _Errors(self.queue_prior)
-        self._classes = [_Errors(self.queue_prior) for _ in self._classes]
+        self._classes = [_Errors(self.queue_prior) for _ in range(len(_CLASSES) + 1)]
         self._idle = _Errors(self.queue_prior)
         self._alone = _Errors(self.prior)
