@@ -44,3 +44,17 @@ def test_of_two_samples_of_prompts_sent_together_the_least_spread_stands() -> No
     assert concurrency_of(profile, [together, noisy]).discipline == "batched"
     serial = ConcurrentSample(2048, (0.05, 0.10, 0.15, 0.20))
     assert concurrency_of(profile, [serial, noisy]).discipline == "serial"
+
+
+def test_prompts_sent_together_are_costed_at_the_faster_of_their_samples() -> None:
+    """A serial engine sampled twice, once on a host that held it back before it began (its
+    first tokens as far apart, all 0.2 s late): serial, at the cost of the sample that
+    was not held back."""
+    samples = [ProbeSample(p, 0.01 + 0.02 * p / 1000, 0.006) for p in (64, 512, 2048)]
+    profile = fit_profile(samples, source="token_ids", wall=0.0, now=0.0)
+    serial = ConcurrentSample(2048, (0.05, 0.10, 0.15, 0.20))
+    held_back = ConcurrentSample(2048, (0.26, 0.305, 0.35, 0.395))
+    for order in ([serial, held_back], [held_back, serial]):
+        fit = concurrency_of(profile, order)
+        assert fit.discipline == "serial"
+        assert fit.batched_tokens_per_s == 4 * 2048 / 0.20
