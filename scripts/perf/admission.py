@@ -432,9 +432,15 @@ def run_once(
 ) -> Run:
     tag = f"{policy}-x{level:g}-{time.monotonic_ns() % 10**6}"
     sims, router = fleet_and_router(procs, tag, policy, args, queue_depth)
+    # Warmed before the counters are read, as the step run is: the router's own refusal
+    # latencies are then those of the run's requests, as the client's are (a bench's
+    # warm-up, 16 requests at once on a router whose estimates are not yet calibrated,
+    # waits on the engine's counts, and set the router-side p99 of every level).
+    if args.warmup:
+        bench_run(procs, router, f"{tag}-warmup", None, args.warmup, args, concurrency=4, warmup=0)
     before = scrape(router)
     with HealthProbe(router.url) as probe:
-        measured = bench_run(procs, router, tag, rate, requests, args, keep_requests=True)
+        measured = bench_run(procs, router, tag, rate, requests, args, keep_requests=True, warmup=0)
     summary = measured.summary
     after = scrape(router)
     procs.stop(router)
