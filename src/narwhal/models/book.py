@@ -84,7 +84,7 @@ class ModelBook:
 
     def set_budget(self, ttft_budget_s: float) -> None:
         """A new TTFT budget (a reload): each engine's bound is calibrated afresh for it.
-        Its errors are kept relative to a tenth of the budget and classed by shares of
+        Its errors are kept relative to shares of the budget and classed by shares of
         it, so samples taken under the old budget do not read under the new one (kept,
         a budget cut from 2 s to 0.18 s bounded an idle engine's 50 ms prefill at 0.21
         s, and refused it)."""

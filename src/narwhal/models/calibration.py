@@ -103,6 +103,7 @@ class _Errors:
     __slots__ = (
         "_histogram",
         "_last_miss",
+        "_prior",
         "_run",
         "_since",
         "additive_s",
@@ -113,6 +114,7 @@ class _Errors:
     )
 
     def __init__(self, prior: float, additive_s: float) -> None:
+        self._prior = prior
         self.additive_s = additive_s
         self._histogram = DecayedHistogram(
             _LOWEST, _HIGHEST, ratio=2 ** (1 / 16), half_life=_HALF_LIFE
@@ -148,7 +150,7 @@ class _Errors:
     def samples(self) -> int:
         return self._histogram.samples
 
-    def add(self, raw: float, measured: float, quantile: float, prior: float) -> None:
+    def add(self, raw: float, measured: float, quantile: float) -> None:
         s = self.additive_s
         histogram = self._histogram
         histogram.add((measured + s) / (raw + s))
@@ -167,6 +169,7 @@ class _Errors:
         # A prior that fades linearly over the first _FIRM samples.
         firm = min(1.0, histogram.samples / _FIRM)
         self.median = median
+        prior = self._prior
         self.upper = max(upper, prior + (1.0 - prior) * firm, median)
 
 
@@ -230,15 +233,12 @@ class Calibration:
             self._errors(raw, idle).outcome(measured > upper, 1.0 - self.quantile, now)
         quantile = self.quantile
         if idle:
-            self._idle.add(raw, measured, quantile, self.queue_prior)
+            self._idle.add(raw, measured, quantile)
             if alone:
-                self._alone.add(raw, measured, quantile, self.prior)
+                self._alone.add(raw, measured, quantile)
             return
-        queue_prior = self.queue_prior
-        self._all.add(raw, measured, quantile, queue_prior)
-        self._classes[bisect.bisect_right(self._edges, raw)].add(
-            raw, measured, quantile, queue_prior
-        )
+        self._all.add(raw, measured, quantile)
+        self._classes[bisect.bisect_right(self._edges, raw)].add(raw, measured, quantile)
 
     def _errors(self, raw: float, idle: bool = False, alone: bool = False) -> _Errors:
         if alone:
