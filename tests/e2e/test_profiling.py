@@ -324,3 +324,40 @@ async def _report_where(router: NarwhalProcess, test: Any, timeout_s: float = 20
             return engine
         await asyncio.sleep(0.05)
     raise AssertionError(f"not within {timeout_s} s: {engine}")
+
+
+async def test_an_engine_its_bound_refuses_while_idle_is_probed_and_serves_again(
+    tmp_path: Path,
+) -> None:
+    """One first token late on an idle engine (a host that stalled for 0.6 s, where the
+    profile says milliseconds) makes its bound refuse the next requests, and nothing
+    admitted could lower it again. The router probes the idle engine itself, learns from
+    the probe as from a client request, and admits again within seconds (one line says
+    so); before, the engine was refused every request from then on."""
+    log = tmp_path / "router.log"
+    with sim_process("--time-scale", "1") as sim:
+        config = predictive([("s0", sim)], ttft_target_s=0.5)
+        with router_process(config, stderr_path=log) as router:
+            await _report_where(router, lambda e: e["profile"] is not None)
+            stalled = await send(router.url, chat("#sim:slow_prefill=0.6 stalled", max_tokens=2))
+            assert stalled.status == 200, stalled.raw
+            statuses: list[int] = []
+            deadline = time.monotonic() + 20.0
+            while time.monotonic() < deadline:
+                reply = await send(router.url, chat(f"again {len(statuses)}", max_tokens=2))
+                statuses.append(reply.status)
+                if reply.status == 200:
+                    break
+                assert reply.status == 429, reply.raw
+                assert reply.json()["error"]["code"] == "ttft_budget_exceeded", reply.raw
+                await asyncio.sleep(0.2)
+            # The stall did make it refuse (else this tests nothing), and it serves again.
+            assert statuses[0] == 429 and statuses[-1] == 200, statuses
+            engine = (await engines(router))["s0"]
+            probes = engine["profiling"]["idle_probes"]
+            assert 1 <= probes <= 4, engine["profiling"]
+            values = await metrics_of(router.url)
+            assert values['narwhal_engine_idle_probes_total{engine="s0"}'] == probes
+            assert values["narwhal_offered_total"] == 1 + len(statuses)  # probes are not
+    lines = [line for line in _profile_lines(log, "s0") if "refused requests while idle" in line]
+    assert len(lines) == 1, lines

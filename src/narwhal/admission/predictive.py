@@ -37,7 +37,7 @@ from typing import Final, Literal
 from narwhal.errors import PromptExceedsTtftBudget, TtftBudgetExceeded
 from narwhal.models.book import ModelBook
 from narwhal.models.rate import DecayingRate
-from narwhal.scheduler.placement import CachedTokens, PlacementRequest
+from narwhal.scheduler.placement import CachedTokens, Phase, PlacementRequest
 from narwhal.scheduler.predictive import prefill_part, uncached_tokens
 from narwhal.scheduler.registry import EngineEntry, EngineRegistry
 
@@ -140,6 +140,7 @@ class PredictiveCheck:
         if verdict == "projected":
             self._refusing.add(1.0, now)
             self._count("projected")
+            self._refused_idle(request, now)
             overrun = projection.upper - (self.budget - (now - arrived))
             retry_after = max(1, math.floor(overrun + 0.5))
             raise TtftBudgetExceeded(
@@ -169,6 +170,18 @@ class PredictiveCheck:
             "admission.ttft_target_s.",
             param=param,
         )
+
+    def _refused_idle(self, request: PlacementRequest, now: float) -> None:
+        """Tell the idle engines among the paths that they refused: learning only from
+        what is admitted, their bounds would never see what could lower them
+        (`narwhal.models.idle_refusals`)."""
+        roles: tuple[Phase, ...] = ("both", "prefill")
+        for role in roles:
+            for entry in self._registry.candidates(role):
+                model = entry.model
+                if model is not None and model.idle:
+                    tokens = uncached_tokens(self._prefix, entry, request)
+                    model.idle_refusals.refused(tokens, now)
 
     def _count(self, reason: str) -> None:
         if self._refused is not None:

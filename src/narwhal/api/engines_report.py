@@ -88,6 +88,7 @@ def _profiling(entry: EngineEntry, now: float) -> dict[str, Any] | None:
         "last_reason": state.last_reason,
         "runs": state.probe_runs,
         "probe_tokens": state.probe_tokens,
+        "idle_probes": model.idle_refusals.probes,
     }
 
 

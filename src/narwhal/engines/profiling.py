@@ -20,8 +20,10 @@ reason shown in /admin/engines. The fit is `narwhal.models.profile`'s (sans-IO).
   after going down: it may be another model, another GPU); a profiled engine when it is
   a new process (its max_model_len changed, or its counters went back: `EngineHealth.
   restarts`), and when its drift says it no longer matches its profile (at most once per
-  `REPROFILE_EVERY_S`). Never on a timer: an idle engine gets no probes. Each run is
-  logged once, with that reason.
+  `REPROFILE_EVERY_S`). Never on a timer: an idle engine gets no probes, unless its
+  bound refuses clients while it sits idle (`narwhal.models.idle_refusals`): then one
+  probe of the refused length, learned from as a client request is, and again after 1,
+  2, 4 ... s while that goes on. Each run is logged once, with that reason.
 - A failed run is retried after 1, 2, 4 ... seconds (at most `RETRY_MAX_S`); the engine
   stays out of placement with the reason in /admin/engines, logged once per reason (not
   once per retry).
@@ -51,6 +53,7 @@ from narwhal.engines.stream import EngineStream
 from narwhal.errors import NarwhalError
 from narwhal.models.drift import DRIFT_THRESHOLD
 from narwhal.models.engine import EngineModel
+from narwhal.models.idle_refusals import IDLE_REFUSALS_AFTER_S
 from narwhal.models.profile import (
     CONCURRENT_OUTPUT,
     CONCURRENT_PROBES,
@@ -78,7 +81,7 @@ from narwhal.protocol.forward import StreamCollector
 from narwhal.protocol.requests import CompletionRequest, Route, parse_request
 from narwhal.protocol.tracker import OutputTracker
 from narwhal.protocol.upstream import CHOICES, upstream_body
-from narwhal.scheduler.predictive import decoding_on
+from narwhal.scheduler.predictive import decoding_on, prefill_part
 from narwhal.scheduler.registry import EngineEntry, EngineRegistry
 
 log = logging.getLogger(__name__)
@@ -205,6 +208,12 @@ class Profiler:
             why = self._why(name, entry, model, now)
             if why is not None:
                 self._run(entry, model, why)
+            elif model.profiled:
+                tokens = model.idle_refusals.due(now, idle=model.idle)
+                if tokens is not None:
+                    self._runs[name] = asyncio.create_task(
+                        self._relearn(entry, model, tokens), name=f"narwhal-relearn-{name}"
+                    )
 
     def _why(self, name: str, entry: EngineEntry, model: EngineModel, now: float) -> _Why | None:
         """Why the engine needs probes now, or None (most ticks, and every idle one)."""
@@ -375,15 +384,68 @@ class Profiler:
                 RETRY_MAX_S,
             )
 
+    async def _relearn(self, entry: EngineEntry, model: EngineModel, tokens: int) -> None:
+        """One probe of `tokens` prompt tokens to an engine whose bound has been refusing
+        requests while it sat idle (`narwhal.models.idle_refusals`), placed and learned
+        from as a client request is: its first token trains the prefill fit and the idle
+        class's error, which nothing admitted could."""
+        name = entry.name
+        refusals = model.idle_refusals
+        refusals.probing(time.monotonic())
+        key = f"narwhal-relearn-{name}-{next(self._sequence)}"
+        placed = False
+        try:
+            client = self._clients[name]
+            route, _ = _route_of(client)
+            health = entry.health
+            context = health.max_model_len if health is not None else None
+            (size,) = fit_probe_sizes((tokens,), context)
+            texts = ProbeText(
+                self._counter.for_engine(client, completion=route == "completion"), self._rng
+            )
+            text, counted = await texts.build(size)
+            if not model.idle or not model.profiled:
+                return  # a client request was placed meanwhile: it teaches the model
+            now = time.monotonic()
+            decoding = decoding_on(entry)
+            projected = prefill_part(entry, model, counted, now)
+            model.prefill_placed(key, counted, decoding, now, projected, PROBE_OUTPUT, probe=True)
+            placed = True
+            if refusals.episode == 1:
+                log.info(
+                    "profiler: engine %s refused requests while idle for %.0f s: probing it "
+                    "(a %d-token prompt, projected %.3f s) to learn from, as no request "
+                    "admitted there could; again after 1, 2, 4 ... s while that goes on",
+                    name,
+                    IDLE_REFUSALS_AFTER_S,
+                    counted,
+                    projected,
+                )
+
+            def first_token(at: float) -> None:
+                model.prefill_finished(key, at, decoding_on(entry))
+
+            probed = await self._probe(
+                entry, model, client, route, text, PROBE_OUTPUT, first=first_token
+            )
+            model.profiling.probe_tokens += probed.tokens
+        except (NarwhalError, ProfileError, TimeoutError) as error:
+            log.debug("profiler: probing idle engine %s failed: %s", name, _reason(error))
+        except Exception:
+            log.exception("profiler: probing idle engine %s failed", name)
+        finally:
+            if placed:
+                # (a no-op once its first token came)
+                model.prefill_dropped(key, time.monotonic(), decoding_on(entry))
+            if self._runs.get(name) is asyncio.current_task():
+                del self._runs[name]
+
     async def _probe_all(
         self, entry: EngineEntry, model: EngineModel, context: int | None
     ) -> tuple[list[ProbeSample], list[ConcurrentSample], Source, str]:
         """The solo probes, then the concurrent ones; and how their texts were sized."""
         client = self._clients[entry.name]
-        route: Route = "completion" if client.capabilities.token_ids_on else "chat"
-        source: Source = (
-            "token_ids" if route in client.capabilities.token_ids_on else ("usage_and_events")
-        )
+        route, source = _route_of(client)
         sizes = fit_probe_sizes(
             with_hint(self._probe_sizes() or PROBE_PROMPTS, model.probe_size_hint(), context),
             context,
@@ -456,9 +518,10 @@ class Profiler:
         output: int,
         *,
         sent: float | None = None,
+        first: Callable[[float], None] | None = None,
     ) -> _Probed:
         """One probe; its TTFT from `sent` (the moment probes sent together left) or from
-        its own sending."""
+        its own sending; `first` is told when its first output came, as it comes."""
         request = self._request(route, text, output, client)
         tracker = OutputTracker(
             route,
@@ -480,7 +543,9 @@ class Profiler:
             stream = EngineStream(client.name, response, sink)
             try:
                 while not stream.done and await stream.read() is not None:
-                    pass
+                    if first is not None and tracker.first_output_at is not None:
+                        first(tracker.first_output_at)
+                        first = None
             finally:
                 stream.close()
         if tracker.first_output_at is None:
@@ -514,6 +579,16 @@ class Profiler:
         if client.capabilities.vllm_fields:  # vLLM and SGLang: a fixed output length
             body["ignore_eos"] = True
         return parse_request(msgspec.json.encode(body), route, model=self._model)
+
+
+def _route_of(client: EngineClient) -> tuple[Route, Source]:
+    """The route probes take (the one the engine gives token IDs on, else chat) and what
+    their timing is read from."""
+    route: Route = "completion" if client.capabilities.token_ids_on else "chat"
+    source: Source = (
+        "token_ids" if route in client.capabilities.token_ids_on else "usage_and_events"
+    )
+    return route, source
 
 
 def _step_tokens(profile: Profile) -> str:

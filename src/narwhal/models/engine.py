@@ -33,6 +33,7 @@ from narwhal.models.calibration import Calibration
 from narwhal.models.decode import DecodeBook
 from narwhal.models.discipline import EngineDiscipline
 from narwhal.models.drift import DriftScore, DriftWatch
+from narwhal.models.idle_refusals import IdleRefusals
 from narwhal.models.lane import PrefillLane, StepCosts
 from narwhal.models.lengths import OutputLengths
 from narwhal.models.pending import PendingPrefill, PendingPrefills
@@ -132,6 +133,8 @@ class EngineModel:
         self.tpot_observed: float | None = None  # an average of what requests saw
         self._costs: tuple[tuple[int, int, int, int], StepCosts] | None = None
         self._last_ttft: tuple[tuple[object, ...], float, float] | None = None
+        # Refusals made while it was idle: when the router probes it to learn again.
+        self.idle_refusals = IdleRefusals()
 
     # --- profile --------------------------------------------------------------------------
 
@@ -470,9 +473,14 @@ class EngineModel:
         now: float,
         projected: float | None = None,
         output: float = 0.0,
+        *,
+        probe: bool = False,
     ) -> None:
         """`projected`: the prompt's TTFT here as projected at placement (seconds);
-        `output`: its expected output tokens."""
+        `output`: its expected output tokens; `probe`: the router's own request, placed
+        to learn from an engine refused while idle (`IdleRefusals`), not a client's."""
+        if not probe:
+            self.idle_refusals.placed()
         features = prefill_features(prompt_tokens, decoding)
         estimate = self.service(prompt_tokens, decoding)
         solo = len(self.lane) == 0

@@ -11,6 +11,7 @@ time (a handful of engines), so the models stay plain objects and cost nothing e
     narwhal_engine_reprofiles_total{engine}               re-profiles (drift, a restart)
     narwhal_engine_profile_attempts_total{engine}         profiling runs started
     narwhal_engine_probe_tokens_total{engine}             tokens the probes had it serve
+    narwhal_engine_idle_probes_total{engine}              probes of an engine refused while idle
     narwhal_ttft_projection_factor{quantile}              measured / projected TTFT (0.5, 0.99)
     narwhal_engine_ttft_bound_factor{engine}              the ratio the engine's bound applies
     narwhal_ttft_bound_total{outcome}                     admitted requests whose first token
@@ -80,6 +81,12 @@ class ModelCollector(Collector):
             "counted as client traffic).",
             labels=["engine"],
         )
+        idle_probes = CounterMetricFamily(
+            "narwhal_engine_idle_probes",
+            "Probes sent to the engine because its bound refused requests while it sat "
+            "idle, to learn from (narwhal.models.idle_refusals).",
+            labels=["engine"],
+        )
         for name, model in engines.items():
             profiled.add_metric([name], 1.0 if model.profiled else 0.0)
             decoding = self._decoding(name)
@@ -91,6 +98,7 @@ class ModelCollector(Collector):
             reprofiles.add_metric([name], model.profiling.reprofiles)
             attempts.add_metric([name], model.profiling.attempts)
             probe_tokens.add_metric([name], model.profiling.probe_tokens)
+            idle_probes.add_metric([name], model.idle_refusals.probes)
         factor = GaugeMetricFamily(
             "narwhal_ttft_projection_factor",
             "Measured / projected TTFT of admitted requests, by quantile: 0.5 corrects the "
@@ -124,6 +132,7 @@ class ModelCollector(Collector):
             reprofiles,
             attempts,
             probe_tokens,
+            idle_probes,
             factor,
             bound_factor,
             bound,
