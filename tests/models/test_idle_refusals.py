@@ -87,11 +87,19 @@ def test_probes_wait_for_refusals_and_back_off_while_they_go_on() -> None:
     gaps = [b - a for a, b in itertools.pairwise(sent)]
     assert gaps == sorted(gaps) and gaps[-1] <= 30.0 + IDLE_REFUSALS_AFTER_S
     assert len(sent) <= 8  # 1, 2, 4, 8, 16, 30 ... seconds apart, not one per refusal
-    # A client request placed there: learning from clients again, the pace starts over.
+    # A client request placed there ends the episode: the next needs refusals again,
+    # and keeps the pace (long prompts refused while short ones are admitted must not
+    # bring a probe a second); a minute without a probe, and it starts over.
     refusals.placed()
-    assert refusals.episode == 0
+    assert refusals.due(now, idle=True) is None
     refusals.refused(1000, now)
-    assert refusals.due(now + IDLE_REFUSALS_AFTER_S, idle=True) == 1000
+    assert refusals.due(now + IDLE_REFUSALS_AFTER_S, idle=True) is None
+    assert refusals.due(sent[-1] + 30.0, idle=True) == 1000
+    refusals.probing(sent[-1] + 30.0)
+    refusals.refused(1000, sent[-1] + 31.0)
+    assert refusals.due(sent[-1] + 32.0, idle=True) is None
+    assert refusals.due(sent[-1] + 30.0 + 60.0, idle=True) == 1000
+    assert refusals.episode == 0  # the pace started over
 
 
 def test_a_client_placement_ends_the_episode_and_a_probe_does_not() -> None:
