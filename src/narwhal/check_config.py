@@ -17,8 +17,8 @@ import yaml
 
 from narwhal.api.tls import server_tls_context
 from narwhal.config import ConfigError, config_to_builtins, read_config, resolve_secrets
+from narwhal.observability.tracing import check_tracing
 from narwhal.sizing import load_sizer
-from narwhal.tracing import check_tracing
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -15,7 +15,7 @@ fleet.max_attempts attempts, then 502. Every attempt owns its upstream response 
 closes it (success, error, timeout, disconnect, cancellation), so the engine sees a
 disconnect at once and no slot, count or connection is left behind. The request deadline
 covers everything: before headers a 504 `terminal_expiry`, after them an error event. So
-does a shutdown's drain deadline (`narwhal.drain`), with a 503 before headers. Within
+does a shutdown's drain deadline (`narwhal.ops.drain`), with a 503 before headers. Within
 it, each attempt's phases have their own limits (`narwhal.engines.timeouts`): an engine
 that sends no first event in time is given up and the request placed again, one that
 goes silent after it fails the attempt (or, after headers, ends the stream).
@@ -35,7 +35,6 @@ from narwhal.admission.predictive import PredictiveCheck
 from narwhal.admission.prompt import EngineCount, PromptAdmission
 from narwhal.admission.queue import Ticket
 from narwhal.config import Config
-from narwhal.drain import Drain
 from narwhal.engines.client import EngineClient, EngineUnavailable
 from narwhal.engines.prefill import run_prefill
 from narwhal.engines.stream import EngineStream, TruncatedStream
@@ -54,8 +53,11 @@ from narwhal.errors import (
 )
 from narwhal.fleet.monitor import FleetMonitor
 from narwhal.lease import Assembled, AttemptTrace, RequestContext, Served, StreamLease
-from narwhal.metrics import RouterMetrics
 from narwhal.models.lengths import OutputLengths
+from narwhal.observability.metrics import RouterMetrics
+from narwhal.observability.tracing import ADMISSION_WAIT, DECODE, PLACEMENT, PREFILL, Span
+from narwhal.ops.drain import Drain
+from narwhal.ops.state import RouterState
 from narwhal.protocol.assembly import Assembler
 from narwhal.protocol.echo import echo_text, echoes, engine_token_ids
 from narwhal.protocol.events import EngineError, EngineOutputError
@@ -69,8 +71,6 @@ from narwhal.protocol.usage import usage_tokens
 from narwhal.scheduler.registry import EngineRegistry
 from narwhal.scheduler.scheduler import Plan, Scheduler
 from narwhal.sizing import PromptSize
-from narwhal.state import RouterState
-from narwhal.tracing import ADMISSION_WAIT, DECODE, PLACEMENT, PREFILL, Span
 
 log = logging.getLogger(__name__)
 # A non-streaming answer is whole at the engine's [DONE]. The end of the body follows at

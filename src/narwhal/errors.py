@@ -27,7 +27,7 @@ OpenAI's: `{"error": {"message", "type", "param", "code"}}` with a string (or nu
 
 `message` is the operator's text (the log's), in the words of the layer that failed:
 an engine's failure may name its address. A client reads it through `redact`
-(`narwhal.redaction`: the completion front passes its engines' redaction to every
+(`narwhal.api.redaction`: the completion front passes its engines' redaction to every
 rendering, before and after the response started).
 """
 

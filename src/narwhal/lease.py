@@ -11,12 +11,12 @@ import contextlib
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from narwhal.drain import Drain
 from narwhal.engines.stream import EngineStream
 from narwhal.engines.timeouts import TimeoutPhase
 from narwhal.errors import Outcome
+from narwhal.observability.tracing import NO_SPAN, Span
+from narwhal.ops.drain import Drain
 from narwhal.sizing import PromptSize
-from narwhal.tracing import NO_SPAN, Span
 
 if TYPE_CHECKING:
     from narwhal.admission.queue import Ticket

@@ -16,7 +16,7 @@ once its engines are monitored and profiled, so the standby that takes over is w
 it wins it refuses traffic as `standby`. The operator state (drains, maintenance waves)
 then lives in etcd under the fleet's key.
 
-While it runs, `reload(config)` applies a reloaded configuration (`narwhal.reload` reads
+While it runs, `reload(config)` applies a reloaded configuration (`narwhal.ops.reload` reads
 and checks the file, on SIGHUP or `POST /admin/reload`): limits, budgets and tokens take
 their new values in the components that hold them, and the engines added, removed and
 changed go through `FleetMembership`. What only a restart can change is refused by key
@@ -45,9 +45,7 @@ from narwhal.api.completions import CompletionFront
 from narwhal.api.engines_report import EngineReport
 from narwhal.api.ops import OpsRoutes
 from narwhal.config import Config, ConfigError, resolve_secrets
-from narwhal.config_changes import compare
 from narwhal.dispatch import Dispatcher
-from narwhal.drain import Drain
 from narwhal.engines.client import EngineClient
 from narwhal.engines.probe_text import ProbeCounter
 from narwhal.engines.profiling import Profiler
@@ -57,13 +55,17 @@ from narwhal.fleet.monitor import FleetMonitor
 from narwhal.ha.election import Timing
 from narwhal.ha.etcd import EtcdClient, EtcdError, EtcdUnavailable
 from narwhal.ha.leadership import Leadership
-from narwhal.loop_monitor import LoopMonitor
-from narwhal.membership import FleetMembership
-from narwhal.metrics import RouterMetrics
 from narwhal.models.book import ModelBook
-from narwhal.models.metrics import ModelCollector
-from narwhal.operator_state import OperatorState, OperatorStateUnavailable
-from narwhal.reload import ConfigReloader
+from narwhal.observability.loop_monitor import LoopMonitor
+from narwhal.observability.metrics import RouterMetrics
+from narwhal.observability.model_metrics import ModelCollector
+from narwhal.observability.tracing import Tracer, build_tracer
+from narwhal.ops.config_changes import compare
+from narwhal.ops.drain import Drain
+from narwhal.ops.membership import FleetMembership
+from narwhal.ops.operator_state import OperatorState, OperatorStateUnavailable
+from narwhal.ops.reload import ConfigReloader
+from narwhal.ops.state import RouterState
 from narwhal.scheduler.learning import PlacementLearning
 from narwhal.scheduler.metrics import EngineStateCollector
 from narwhal.scheduler.predictive import ProjectingScorer, decoding_on
@@ -74,8 +76,6 @@ from narwhal.scheduler.registry import EngineEntry, EngineRegistry
 from narwhal.scheduler.scheduler import Scheduler
 from narwhal.sizing import EngineTokenizer, TokenizeCandidate, WorkloadSizer, load_sizer
 from narwhal.sizing.metrics import SizingCollector
-from narwhal.state import RouterState
-from narwhal.tracing import Tracer, build_tracer
 
 # How long start-up waits for the first profiles before listening (predictive mode).
 PROFILE_WAIT_S = 10.0

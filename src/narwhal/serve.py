@@ -42,9 +42,9 @@ from narwhal.config import (
     load_config,
     section_problems,
 )
-from narwhal.logs import configure_logging
+from narwhal.observability.logs import configure_logging
+from narwhal.ops.shutdown import Shutdown
 from narwhal.router import Router
-from narwhal.shutdown import Shutdown
 
 log = logging.getLogger("narwhal")
 EMBEDDED_MODEL = "narwhal-sim"

@@ -22,7 +22,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import SpanKind, StatusCode
 
 from narwhal.config import AdmissionConfig, Config, EngineConfig, FleetConfig
-from narwhal.otel import OtelTracer
+from narwhal.observability.otel import OtelTracer
 from narwhal.router import Router
 from narwhal.sim import SimOptions, start_sim
 from tests.in_process import serve_app

@@ -1,4 +1,4 @@
-"""SIGTERM as a load balancer sees it, against real processes (`narwhal.shutdown`).
+"""SIGTERM as a load balancer sees it, against real processes (`narwhal.ops.shutdown`).
 
 The simulator's `#sim:stall=S` holds a stream after its second token for S wall-clock
 seconds, so a request is in flight when the signal comes, deterministically. The delay is

@@ -9,7 +9,7 @@ from narwhal.config import EngineConfig, FleetConfig
 from narwhal.fleet.metrics import FleetMetrics
 from narwhal.fleet.scrape import EngineScrape
 from narwhal.fleet.state import EngineHealth, HealthCheck
-from narwhal.metrics import RouterMetrics
+from narwhal.observability.metrics import RouterMetrics
 from tests.fleet.conftest import MonitorFactory
 from tests.fleet.fake_engine import FakeEngine
 from tests.metrics_text import samples

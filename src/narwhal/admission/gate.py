@@ -18,7 +18,7 @@ from collections.abc import Callable
 from narwhal.admission.controller import Admission, Wakeups
 from narwhal.admission.queue import Ticket, TicketState
 from narwhal.errors import CapacityRejected, TerminalExpiry
-from narwhal.metrics import RouterMetrics
+from narwhal.observability.metrics import RouterMetrics
 from narwhal.scheduler.registry import EngineEntry
 
 

@@ -30,9 +30,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from narwhal.errors import Outcome
-from narwhal.logs import StructuredMessage
+from narwhal.observability.logs import StructuredMessage
+from narwhal.observability.tracing import Attribute
 from narwhal.protocol.requests import Route
-from narwhal.tracing import Attribute
 
 LOGGER = "narwhal.access"
 

@@ -1,5 +1,5 @@
 """Admin routes: the engine registry, drain and undrain, maintenance waves, and reloading
-the configuration file (`POST /admin/reload`, as SIGHUP does: `narwhal.reload`).
+the configuration file (`POST /admin/reload`, as SIGHUP does: `narwhal.ops.reload`).
 
 Without `serving.admin_token` they answer only on loopback (anything else gets 403), so a
 router bound to a public address does not hand its fleet to whoever finds the port. With
@@ -21,9 +21,9 @@ from aiohttp.http_exceptions import HttpProcessingError
 from narwhal.api.auth import BearerTokens
 from narwhal.api.responses import json_response
 from narwhal.errors import InvalidRequest, NarwhalError, RequestTooLarge
-from narwhal.operator_state import OperatorState
+from narwhal.ops.operator_state import OperatorState
+from narwhal.ops.reload import ReloadRefused
 from narwhal.protocol.jsonbody import decode_object
-from narwhal.reload import ReloadRefused
 
 
 class _Forbidden(NarwhalError):

@@ -11,7 +11,7 @@ started at arrival, a child of the client's valid W3C traceparent, which goes on
 engines; an invalid one goes nowhere).
 
 Every error it answers, a status or a stream's last event, names engines, never their
-addresses (`narwhal.redaction`); its log and access line keep them.
+addresses (`narwhal.api.redaction`); its log and access line keep them.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from aiohttp import web
 from narwhal.api.access_log import AccessEntry, AccessLog
 from narwhal.api.auth import BearerTokens, require_api_key
 from narwhal.api.body import BodyIncomplete, BodyLate, read_limited_body
+from narwhal.api.redaction import EngineRedaction
 from narwhal.api.relay import relay_stream
 from narwhal.api.request_id import HEADER as REQUEST_ID_HEADER
 from narwhal.api.request_id import current_request_id
@@ -32,7 +33,9 @@ from narwhal.api.responses import error_response, json_response
 from narwhal.api.service import Assembled, CompletionService, RequestContext, StreamLease
 from narwhal.config import Config
 from narwhal.errors import InvalidRequest, NarwhalError, Outcome, RouterUnavailable, TerminalExpiry
-from narwhal.metrics import RouterMetrics
+from narwhal.observability.metrics import RouterMetrics
+from narwhal.observability.tracing import PassthroughTracer, Span, Tracer
+from narwhal.ops.state import RouterState
 from narwhal.protocol.headers import (
     CONTENT_ENCODING,
     CONTENT_TYPE,
@@ -43,10 +46,7 @@ from narwhal.protocol.headers import (
 )
 from narwhal.protocol.requests import Route, check_one_prompt, parse_request
 from narwhal.protocol.trace_context import TRACEPARENT, TRACESTATE, TraceContext, trace_context
-from narwhal.redaction import EngineRedaction
 from narwhal.sizing import WorkloadSizer
-from narwhal.state import RouterState
-from narwhal.tracing import PassthroughTracer, Span, Tracer
 
 log = logging.getLogger(__name__)
 SPAN_NAMES: dict[Route, str] = {

@@ -21,8 +21,8 @@ from narwhal.api.request_id import current_request_id
 from narwhal.api.responses import error_response, json_response
 from narwhal.api.service import CompletionService
 from narwhal.errors import InvalidApiKey, ModelNotFound
-from narwhal.metrics import RouterMetrics
-from narwhal.state import RouterState
+from narwhal.observability.metrics import RouterMetrics
+from narwhal.ops.state import RouterState
 
 
 class OpsRoutes:

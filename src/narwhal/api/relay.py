@@ -12,7 +12,7 @@ stream's `StreamForwarder` (narwhal.protocol.forward) turns the engine's bytes i
 client's, applying the exposure rules, so the relay only moves bytes.
 
 The request's deadline ends the stream the same way (a `terminal_expiry` error event),
-and so does a shutdown's drain deadline (`narwhal.drain`), which brings every running
+and so does a shutdown's drain deadline (`narwhal.ops.drain`), which brings every running
 stream's deadline forward to its instant: events are written whole, so the timeout falls
 between two of them, and the error event says the router is shutting down. An engine
 silent for longer than `fleet.idle_timeout_s` ends it too (`engines/timeouts.py`), with an
@@ -33,9 +33,9 @@ from aiohttp import web
 
 from narwhal.api.request_id import HEADER as REQUEST_ID_HEADER
 from narwhal.api.stream_body import StreamBody
-from narwhal.drain import Drain
 from narwhal.engines.stream import EngineStream, TruncatedStream
 from narwhal.errors import NarwhalError, Outcome, Redact, TerminalExpiry
+from narwhal.ops.drain import Drain
 
 log = logging.getLogger(__name__)
 _DONE_EVENT = b"data: [DONE]\n\n"

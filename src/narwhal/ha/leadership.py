@@ -22,8 +22,8 @@ from collections.abc import Callable
 
 from narwhal.ha.election import Campaign, Election, Grant, Pause, Renew, Timing, Watch
 from narwhal.ha.etcd import EtcdClient, EtcdError, EtcdUnavailable, LeaseNotFound
-from narwhal.operator_state import OperatorState
-from narwhal.state import RouterState
+from narwhal.ops.operator_state import OperatorState
+from narwhal.ops.state import RouterState
 
 log = logging.getLogger("narwhal.ha")
 _RESIGN_TIMEOUT_S = 1.0

@@ -19,7 +19,7 @@ from collections.abc import Awaitable, Callable, Iterable
 from narwhal.config import Config, ConfigError
 from narwhal.errors import InvalidRequest
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("narwhal.reload")
 
 
 class ReloadRefused(InvalidRequest):

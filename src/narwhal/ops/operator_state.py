@@ -18,7 +18,7 @@ from narwhal.errors import NarwhalError
 from narwhal.ha.etcd import EtcdClient, EtcdError, EtcdUnavailable
 from narwhal.scheduler.registry import EngineRegistry
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("narwhal.operator_state")
 
 
 class OperatorStateUnavailable(NarwhalError):

@@ -34,16 +34,16 @@ from typing import Final
 
 from narwhal.admission.gate import AdmissionGate
 from narwhal.config import Config, EngineConfig
-from narwhal.config_changes import EngineChanges
 from narwhal.engines.client import EngineClient
 from narwhal.engines.profiling import Profiler
 from narwhal.engines.upstream import UpstreamPool
 from narwhal.fleet.monitor import FleetMonitor
 from narwhal.models.book import ModelBook
+from narwhal.ops.config_changes import EngineChanges
 from narwhal.scheduler.prefix_cache import PrefixCache
 from narwhal.scheduler.registry import EngineEntry, EngineRegistry
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("narwhal.membership")
 # How often a removed engine is looked at, until its last request has ended.
 _RETIRE_CHECK_S: Final = 0.1
 

@@ -15,7 +15,7 @@ from typing import Any
 import aiohttp
 
 from narwhal.config import AdmissionConfig, Config, EngineConfig, FleetConfig
-from narwhal.metrics import DISTRIBUTION
+from narwhal.observability.metrics import DISTRIBUTION
 from narwhal.router import Router
 from narwhal.sim import SimOptions, start_sim
 from tests.hostile_engine import HostileEngine, Script, sse

@@ -20,11 +20,17 @@ import msgspec
 import yaml
 from msgspec import Meta, Struct
 
-from narwhal.credentials import SecretError, from_env, from_file, key_list_from_file, secret_problem
+from narwhal.config.credentials import (
+    SecretError,
+    from_env,
+    from_file,
+    key_list_from_file,
+    secret_problem,
+)
+from narwhal.config.schema import Path, Problem, type_problems
 from narwhal.protocol.assembly import DEFAULT_MAX_RESPONSE_BYTES
 from narwhal.protocol.dialects import Dialect
 from narwhal.protocol.sse import DEFAULT_MAX_EVENT_BYTES
-from narwhal.schema import Path, Problem, type_problems
 
 NonNegativeInt = Annotated[int, Meta(ge=0)]
 PositiveInt = Annotated[int, Meta(ge=1)]

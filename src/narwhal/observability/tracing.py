@@ -147,7 +147,7 @@ def build_tracer(config: TracingConfig) -> Tracer:
     if url is None:
         return PassthroughTracer()
     check_tracing(config)
-    from narwhal.otel import OtelTracer
+    from narwhal.observability.otel import OtelTracer
 
     return OtelTracer.exporting_to(url, service_name=config.service_name)
 
@@ -157,7 +157,7 @@ def check_tracing(config: TracingConfig) -> None:
     if config.traces_url is None:
         return
     try:
-        import narwhal.otel  # noqa: F401
+        import narwhal.observability.otel  # noqa: F401
     except ImportError as e:
         raise ConfigError(
             "tracing.otlp_endpoint (--otlp-endpoint) needs the OpenTelemetry SDK, which is not "

@@ -1,4 +1,4 @@
-"""The shutdown's drain deadline (`narwhal.drain`), on the event loop without sockets."""
+"""The shutdown's drain deadline (`narwhal.ops.drain`), on the event loop without sockets."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import logging
 
 import pytest
 
-from narwhal.drain import LAST_WRITE_GRACE_S, Drain
+from narwhal.ops.drain import LAST_WRITE_GRACE_S, Drain
 
 
 async def test_the_cut_brings_every_running_timeout_to_now() -> None:

@@ -22,7 +22,7 @@ from collections.abc import Callable
 from types import TracebackType
 from typing import Final
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("narwhal.drain")
 # After the cut, how long the last write of a request (a stream's error event) may wait for
 # a client that is not reading, before its connection is aborted instead.
 LAST_WRITE_GRACE_S: Final = 1.0

@@ -7,8 +7,8 @@ import subprocess
 import sys
 
 from narwhal.config import TracingConfig
+from narwhal.observability.tracing import NO_SPAN, PassthroughTracer, build_tracer
 from narwhal.protocol.trace_context import TraceContext
-from narwhal.tracing import NO_SPAN, PassthroughTracer, build_tracer
 
 CLIENT = TraceContext("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01", "a=1")
 

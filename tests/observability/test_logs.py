@@ -14,7 +14,7 @@ import pytest
 
 from narwhal.api.access_log import AccessEntry, AccessLog
 from narwhal.config import LoggingConfig
-from narwhal.logs import JsonFormatter, configure_logging, rfc3339
+from narwhal.observability.logs import JsonFormatter, configure_logging, rfc3339
 
 RFC3339_UTC = re.compile(r"\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}\.\d{6}Z")
 

@@ -31,11 +31,11 @@ import logging
 from typing import Final
 
 from narwhal.api.server import ClientRunner
-from narwhal.drain import LAST_WRITE_GRACE_S
-from narwhal.metrics import OUTCOMES
+from narwhal.observability.metrics import OUTCOMES
+from narwhal.ops.drain import LAST_WRITE_GRACE_S
 from narwhal.router import Router
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("narwhal.shutdown")
 # After the drain deadline, how long aiohttp waits for handlers before it cancels them:
 # time for the last writes (`LAST_WRITE_GRACE_S`) and a little more.
 _CANCEL_AFTER_S: Final = LAST_WRITE_GRACE_S + 1.0

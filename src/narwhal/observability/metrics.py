@@ -27,7 +27,7 @@ from prometheus_client import (
 
 import narwhal
 from narwhal.errors import Outcome
-from narwhal.exposition import Exposition
+from narwhal.observability.exposition import Exposition
 from narwhal.protocol.requests import Route
 
 OUTCOMES: Final[tuple[Outcome, ...]] = get_args(Outcome)

@@ -6,7 +6,7 @@ import importlib.metadata
 from typing import get_args
 
 from narwhal.errors import NarwhalError, Outcome
-from narwhal.metrics import DISTRIBUTION, OUTCOMES, RouterMetrics, installed_version
+from narwhal.observability.metrics import DISTRIBUTION, OUTCOMES, RouterMetrics, installed_version
 from tests.metrics_text import samples, series, total
 
 DURATION = "narwhal_request_duration_seconds"

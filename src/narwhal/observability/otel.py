@@ -23,8 +23,8 @@ from opentelemetry.trace import Span as SdkSpan
 from opentelemetry.trace.span import TraceFlags, TraceState
 
 import narwhal
+from narwhal.observability.tracing import ENGINE_REQUESTS, Attributes, Span, failure_of
 from narwhal.protocol.trace_context import TraceContext, traceparent_of
-from narwhal.tracing import ENGINE_REQUESTS, Attributes, Span, failure_of
 
 # Export calls give up after this: a collector that is down must not hold shutdown long.
 _EXPORT_TIMEOUT_S = 5.0

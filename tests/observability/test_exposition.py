@@ -1,4 +1,4 @@
-"""/metrics is rendered by narwhal.exposition: the same bytes prometheus_client gives."""
+"""/metrics is rendered by `narwhal.observability.exposition`: the bytes prometheus_client gives."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import aiohttp
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, generate_latest
 
 from narwhal.config import Config, EngineConfig
-from narwhal.exposition import Exposition
+from narwhal.observability.exposition import Exposition
 from narwhal.router import Router
 from narwhal.sim import SimOptions, start_sim
 from tests.in_process import serve_app

@@ -4,8 +4,8 @@ the running configuration and for those a reload removed."""
 
 from __future__ import annotations
 
+from narwhal.api.redaction import EngineRedaction
 from narwhal.config import EngineConfig
-from narwhal.redaction import EngineRedaction
 
 
 def engines(*pairs: tuple[str, str]) -> list[EngineConfig]:

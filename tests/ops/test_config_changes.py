@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from narwhal.config import Config, config_from_mapping
-from narwhal.config_changes import compare
+from narwhal.ops.config_changes import compare
 
 
 def config(**sections: Any) -> Config:

@@ -7,7 +7,7 @@ import logging
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
-from narwhal.state import RouterState
+from narwhal.ops.state import RouterState
 from tests.metrics_text import samples
 
 

@@ -1,0 +1,118 @@
+"""The package layout shows the architecture (DESIGN.md §2): which floor each module is on,
+and which floors it may lean on. Checked on the source of every module, including
+modules added later, so a new arrow upward or a new module loose at the package root
+fails here before a reader has to find it.
+
+The rules are those that hold today; the decision core of Step 15 adds its own when it
+lands (`tests/protocol/test_sans_io.py` holds protocol's)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+import narwhal
+
+PACKAGE = Path(narwhal.__file__).parent
+
+# The package root holds the entry points, the composition root and what every floor
+# shares; everything else lives in a package of its own concern.
+ROOT_MODULES = frozenset(
+    {
+        "__init__",
+        "__main__",
+        "cli",  # the command line
+        "serve",  # `narwhal serve`: process, signals, listeners
+        "check_config",  # `narwhal check-config`
+        "router",  # the composition root
+        "dispatch",  # the attempt runner (Step 15 gives it a package with the seam)
+        "lease",  # what a dispatched request holds and gives back
+        "errors",  # the error tree every floor raises
+    }
+)
+
+# Floor -> the floors of Narwhal it may import (its own always). The models are pure math
+# over values; configuration and the wire protocol sit under everything; the simulator
+# and the load generator speak the wire format only, so that they can face any router.
+MAY_IMPORT: dict[str, frozenset[str]] = {
+    "models": frozenset({"protocol"}),
+    "config": frozenset({"protocol"}),
+    "protocol": frozenset({"errors"}),
+    "sim": frozenset({"protocol"}),
+    "bench": frozenset({"protocol"}),
+    "observability": frozenset({"config", "errors", "protocol", "models"}),
+    "fleet": frozenset({"config", "engines", "protocol", "errors"}),
+    "sizing": frozenset({"config", "engines", "protocol", "errors"}),
+}
+# Nothing of I/O in the models: the caller passes `now` and does the I/O.
+MODELS_FORBIDDEN = frozenset(
+    {"asyncio", "aiohttp", "socket", "time", "threading", "prometheus_client", "logging"}
+)
+
+
+def _floor(path: Path) -> str:
+    relative = path.relative_to(PACKAGE)
+    return relative.parts[0] if len(relative.parts) > 1 else relative.stem
+
+
+def _imports(path: Path) -> list[str]:
+    """Every module the file imports, at any depth of the file (TYPE_CHECKING too: a
+    type is a dependency of the design as much as a call)."""
+    names = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), filename=str(path))):
+        if isinstance(node, ast.Import):
+            names.extend(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names.append(node.module)
+    return names
+
+
+MODULES = sorted(PACKAGE.rglob("*.py"))
+
+
+def test_the_package_root_holds_only_its_entry_points_and_composition() -> None:
+    loose = {path.stem for path in PACKAGE.glob("*.py")} - ROOT_MODULES
+    assert not loose, f"modules loose at the package root, put each in its floor: {loose}"
+
+
+def test_operations_and_observability_have_packages_of_their_own() -> None:
+    for floor, members in {
+        "ops": {"membership", "operator_state", "reload", "config_changes", "shutdown", "drain"},
+        "observability": {"logs", "tracing", "otel", "loop_monitor", "exposition", "metrics"},
+    }.items():
+        present = {path.stem for path in (PACKAGE / floor).glob("*.py")}
+        assert members <= present, f"{floor}/ lacks {members - present}"
+
+
+@pytest.mark.parametrize(
+    "path",
+    [p for p in MODULES if _floor(p) in MAY_IMPORT],
+    ids=lambda p: str(p.relative_to(PACKAGE)),
+)
+def test_each_floor_leans_only_on_the_floors_below_it(path: Path) -> None:
+    floor = _floor(path)
+    allowed = MAY_IMPORT[floor] | {floor}
+    for name in _imports(path):
+        parts = name.split(".")
+        if parts[0] != "narwhal" or len(parts) < 2:
+            continue
+        assert parts[1] in allowed, f"{path.relative_to(PACKAGE)} ({floor}) imports {name}"
+
+
+@pytest.mark.parametrize(
+    "path",
+    [p for p in MODULES if _floor(p) == "models"],
+    ids=lambda p: str(p.relative_to(PACKAGE)),
+)
+def test_the_models_are_math_over_values(path: Path) -> None:
+    for name in _imports(path):
+        top = name.split(".")[0]
+        assert top not in MODELS_FORBIDDEN, f"models/{path.name} imports {name}"
+
+
+def test_the_rules_see_every_floor() -> None:
+    """A rule against a floor that was renamed would pass for ever."""
+    floors = {_floor(path) for path in MODULES}
+    assert set(MAY_IMPORT) <= floors
