@@ -13,7 +13,7 @@ was not designed on, at loads and load steps that would take minutes in real tim
 results that do not depend on the host's noise (tests and `scripts/perf/projection.py`).
 It is not the router: HTTP, sizing and retries are not here, and sizing is exact.
 
-Profiling runs the same probes as `narwhal.engines.profiling` (solo, one after another,
+Profiling runs the same probes as `narwhal.profiling.runs` (solo, one after another,
 then together), on the engine's model in virtual time.
 """
 

@@ -45,6 +45,23 @@ MAY_IMPORT: dict[str, frozenset[str]] = {
     "observability": frozenset({"config", "errors", "protocol", "models"}),
     "fleet": frozenset({"config", "engines", "protocol", "errors"}),
     "sizing": frozenset({"config", "engines", "protocol", "errors"}),
+    # The engine clients shape requests and read answers; they decide nothing, so they
+    # know no model, registry or admission (the profiler that drives them is above).
+    "engines": frozenset({"config", "errors", "protocol"}),
+    # Placement sits under admission: it is told about tickets, it does not import them.
+    "scheduler": frozenset({"config", "errors", "fleet", "models", "protocol"}),
+    "profiling": frozenset(
+        {"config", "engines", "errors", "models", "protocol", "scheduler", "sizing"}
+    ),
+    # The api reaches the decisions only through dispatch (what it hands back: `lease`).
+    "api": frozenset({"config", "errors", "lease", "observability", "ops", "protocol", "sizing"}),
+    "ha": frozenset({"ops"}),
+}
+# Modules a floor may not import although it may import their floor.
+NOT_IMPORTED: dict[str, frozenset[str]] = {
+    # High availability asks for the replicated operator state to be read back
+    # (`ReplicatedState`); it does not know what is in it.
+    "ha": frozenset({"narwhal.ops.operator_state"}),
 }
 # Nothing of I/O in the models: the caller passes `now` and does the I/O.
 MODELS_FORBIDDEN = frozenset(
@@ -99,6 +116,9 @@ def test_each_floor_leans_only_on_the_floors_below_it(path: Path) -> None:
         if parts[0] != "narwhal" or len(parts) < 2:
             continue
         assert parts[1] in allowed, f"{path.relative_to(PACKAGE)} ({floor}) imports {name}"
+        assert not name.startswith(tuple(NOT_IMPORTED.get(floor, ()))), (
+            f"{path.relative_to(PACKAGE)} imports {name}"
+        )
 
 
 @pytest.mark.parametrize(

@@ -37,7 +37,7 @@ from narwhal.admission.queue import Ticket
 from narwhal.config import Config
 from narwhal.engines.client import EngineClient, EngineUnavailable
 from narwhal.engines.prefill import run_prefill
-from narwhal.engines.stream import EngineStream, TruncatedStream
+from narwhal.engines.stream import EngineStream
 from narwhal.engines.timeouts import (
     FirstEventLimit,
     FirstEventTimes,
@@ -49,6 +49,7 @@ from narwhal.errors import (
     BackendUnavailable,
     RouterUnavailable,
     TerminalExpiry,
+    TruncatedStream,
     UpstreamError,
 )
 from narwhal.fleet.monitor import FleetMonitor

@@ -215,6 +215,10 @@ class UpstreamError(NarwhalError):
     outcome = "upstream_error"
 
 
+class TruncatedStream(UpstreamError):
+    """The engine's stream ended before every choice finished (retryable before headers)."""
+
+
 class BackendUnavailable(NarwhalError):
     status = 503
     error_type = "server_error"

@@ -42,13 +42,10 @@ from narwhal.api.admin import AdminRoutes
 from narwhal.api.app import build_app
 from narwhal.api.auth import BearerTokens
 from narwhal.api.completions import CompletionFront
-from narwhal.api.engines_report import EngineReport
 from narwhal.api.ops import OpsRoutes
 from narwhal.config import Config, ConfigError, resolve_secrets
 from narwhal.dispatch import Dispatcher
 from narwhal.engines.client import EngineClient
-from narwhal.engines.probe_text import ProbeCounter
-from narwhal.engines.profiling import Profiler
 from narwhal.engines.upstream import UpstreamPool
 from narwhal.errors import RouterUnavailable
 from narwhal.fleet.monitor import FleetMonitor
@@ -66,6 +63,8 @@ from narwhal.ops.membership import FleetMembership
 from narwhal.ops.operator_state import OperatorState, OperatorStateUnavailable
 from narwhal.ops.reload import ConfigReloader
 from narwhal.ops.state import RouterState
+from narwhal.profiling.probe_text import ProbeCounter
+from narwhal.profiling.runs import Profiler
 from narwhal.scheduler.learning import PlacementLearning
 from narwhal.scheduler.metrics import EngineStateCollector
 from narwhal.scheduler.predictive import ProjectingScorer, decoding_on
@@ -73,6 +72,7 @@ from narwhal.scheduler.prefix_accuracy import AccuracyPolicy
 from narwhal.scheduler.prefix_cache import PrefixCache
 from narwhal.scheduler.prefix_metrics import PrefixCollector
 from narwhal.scheduler.registry import EngineEntry, EngineRegistry
+from narwhal.scheduler.report import EngineReport
 from narwhal.scheduler.scheduler import Scheduler
 from narwhal.sizing import EngineTokenizer, TokenizeCandidate, WorkloadSizer, load_sizer
 from narwhal.sizing.metrics import SizingCollector

@@ -27,14 +27,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Final
+from contextlib import AbstractAsyncContextManager
+from typing import Any, Final, Protocol
 
 from aiohttp import web
 
 from narwhal.api.request_id import HEADER as REQUEST_ID_HEADER
 from narwhal.api.stream_body import StreamBody
-from narwhal.engines.stream import EngineStream, TruncatedStream
-from narwhal.errors import NarwhalError, Outcome, Redact, TerminalExpiry
+from narwhal.errors import NarwhalError, Outcome, Redact, TerminalExpiry, TruncatedStream
 from narwhal.ops.drain import Drain
 
 log = logging.getLogger(__name__)
@@ -44,6 +44,36 @@ SSE_HEADERS = {
     "Cache-Control": "no-cache",
     "X-Accel-Buffering": "no",  # proxies in front must not buffer tokens
 }
+
+
+class EngineStream(Protocol):
+    """The engine's stream as the relay writes it out (`narwhal.engines.stream`): read by
+    `read`, or pushed to the relay's consumer from the connection's callback, each read
+    turned into the client's bytes; its silence bounded by `idle_gap`."""
+
+    engine_name: str
+    paused: bool  # reading held for the client (no idle gap runs meanwhile)
+
+    @property
+    def done(self) -> bool: ...
+
+    async def read(self) -> bytes | None: ...
+
+    def feed(self, data: bytes) -> bytes: ...
+
+    def flush(self) -> bytes: ...
+
+    def check_ended(self) -> None: ...
+
+    def push(self, consumer: Any) -> None: ...
+
+    def pause(self) -> None: ...
+
+    def resume(self) -> None: ...
+
+    def gap_restarts(self) -> None: ...
+
+    def idle_gap(self) -> AbstractAsyncContextManager[Any]: ...
 
 
 async def relay_stream(

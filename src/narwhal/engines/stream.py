@@ -18,12 +18,8 @@ import time
 
 from narwhal.engines.timeouts import IdleGap, TimeoutPhase
 from narwhal.engines.upstream import BodyConsumer, UpstreamResponse
-from narwhal.errors import UpstreamError
+from narwhal.errors import TruncatedStream
 from narwhal.protocol.forward import StreamCollector, StreamForwarder
-
-
-class TruncatedStream(UpstreamError):
-    """The engine's stream ended before every choice finished (retryable before headers)."""
 
 
 class EngineStream:

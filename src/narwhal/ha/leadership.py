@@ -19,14 +19,22 @@ import json
 import logging
 import time
 from collections.abc import Callable
+from typing import Protocol
 
 from narwhal.ha.election import Campaign, Election, Grant, Pause, Renew, Timing, Watch
 from narwhal.ha.etcd import EtcdClient, EtcdError, EtcdUnavailable, LeaseNotFound
-from narwhal.ops.operator_state import OperatorState
 from narwhal.ops.state import RouterState
 
 log = logging.getLogger("narwhal.ha")
 _RESIGN_TIMEOUT_S = 1.0
+
+
+class ReplicatedState(Protocol):
+    """What the fleet's routers keep in etcd beside the lease, read back on winning and at
+    every renewal (the operator's drains and waves: `narwhal.ops.operator_state`). High
+    availability sits under operations: it asks for a reload, never for what is in it."""
+
+    async def load(self) -> None: ...
 
 
 class Leadership:
@@ -37,7 +45,7 @@ class Leadership:
         key: str,
         identity: str,
         state: RouterState,
-        operator: OperatorState,
+        operator: ReplicatedState,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._client = client

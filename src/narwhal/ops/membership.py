@@ -35,11 +35,11 @@ from typing import Final
 from narwhal.admission.gate import AdmissionGate
 from narwhal.config import Config, EngineConfig
 from narwhal.engines.client import EngineClient
-from narwhal.engines.profiling import Profiler
 from narwhal.engines.upstream import UpstreamPool
 from narwhal.fleet.monitor import FleetMonitor
 from narwhal.models.book import ModelBook
 from narwhal.ops.config_changes import EngineChanges
+from narwhal.profiling.runs import Profiler
 from narwhal.scheduler.prefix_cache import PrefixCache
 from narwhal.scheduler.registry import EngineEntry, EngineRegistry
 

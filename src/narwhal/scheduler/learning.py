@@ -21,21 +21,43 @@ Sans-IO like the controller that calls it.
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING, Protocol
 
-from narwhal.admission.queue import Ticket
 from narwhal.models.book import ModelBook
+from narwhal.scheduler.placement import PlacementRequest
 from narwhal.scheduler.predictive import decoding_on, prefill_part
 from narwhal.scheduler.scheduler import Plan
+
+if TYPE_CHECKING:
+    from narwhal.protocol.tracker import OutputTracker
+
+
+class PlacedTicket(Protocol):
+    """What learning reads of a request admission placed (`narwhal.admission.queue`'s
+    ticket; one object per request, the key of what is learned from it until released).
+    The scheduler sits under admission and does not import it."""
+
+    @property
+    def request(self) -> PlacementRequest: ...
+
+    projected_ttft: float | None  # the TTFT projected at the check (set None once met)
+    projected_upper: float | None  # and the bound it was held to
+
+    @property
+    def checked_at(self) -> float: ...
+
+    @property
+    def output(self) -> OutputTracker | None: ...
 
 
 class PlacementLearning:
     def __init__(self, book: ModelBook) -> None:
         self.book = book
-        self._answered: dict[Ticket, float] = {}  # P/D: when the prefill engine answered
+        self._answered: dict[PlacedTicket, float] = {}  # P/D: when the prefill engine answered
         # The decode batch, the engine's stretch and the time at the first token.
-        self._decode_start: dict[Ticket, tuple[float, float, float]] = {}
+        self._decode_start: dict[PlacedTicket, tuple[float, float, float]] = {}
 
-    def placed(self, ticket: Ticket, plan: Plan, now: float) -> None:
+    def placed(self, ticket: PlacedTicket, plan: Plan, now: float) -> None:
         first = plan.first
         if first.model is not None:
             # The engine prefills what it does not find cached: that is its work, and
@@ -52,13 +74,13 @@ class PlacementLearning:
                 output=ticket.request.predicted_output,
             )
 
-    def prefill_answered(self, ticket: Ticket, plan: Plan, now: float) -> None:
+    def prefill_answered(self, ticket: PlacedTicket, plan: Plan, now: float) -> None:
         first = plan.first
         if first.model is not None:
             first.model.prefill_finished(ticket, now, decoding_on(first))
         self._answered[ticket] = now
 
-    def first_token(self, ticket: Ticket, plan: Plan, now: float) -> None:
+    def first_token(self, ticket: PlacedTicket, plan: Plan, now: float) -> None:
         decode = plan.decode
         model = decode.model
         if model is not None:
@@ -86,7 +108,7 @@ class PlacementLearning:
                 ticket, request.route, request.prompt_tokens, request.max_tokens, ticket.output
             )
 
-    def released(self, ticket: Ticket, plan: Plan, now: float, *, decoded: bool) -> None:
+    def released(self, ticket: PlacedTicket, plan: Plan, now: float, *, decoded: bool) -> None:
         self._answered.pop(ticket, None)
         start = self._decode_start.pop(ticket, None)
         if plan.decode.model is not None:

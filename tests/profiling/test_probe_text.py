@@ -8,8 +8,8 @@ import random
 
 import pytest
 
-from narwhal.engines.probe_text import MAX_ROUNDS, ProbeText
 from narwhal.models.profile import ProfileError
+from narwhal.profiling.probe_text import MAX_ROUNDS, ProbeText
 from narwhal.protocol.tokenizer import SimTokenizer
 
 

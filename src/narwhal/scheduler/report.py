@@ -1,20 +1,23 @@
 """What `GET /admin/engines` says about each engine: configuration, state, load, scores.
 
 Everything is read from the registry's `EngineEntry` (the one view of an engine) and the
-fleet monitor's report; nothing here decides anything.
+fleet monitor's report; nothing here decides anything. It lives beside the registry it
+reads: the admin route gets it as a callable, and the api imports no scheduler.
 """
 
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from narwhal.fleet.monitor import FleetMonitor
 from narwhal.protocol.dialects import token_accounting
 from narwhal.scheduler.placement import PlacementRequest
 from narwhal.scheduler.predictive import decoding_on
 from narwhal.scheduler.registry import EngineEntry, EngineRegistry
 from narwhal.scheduler.scheduler import Scheduler
+
+if TYPE_CHECKING:
+    from narwhal.fleet.monitor import FleetMonitor
 
 # The scores are an engine's cost for this reference request (an empty prompt).
 _REFERENCE = PlacementRequest.sized("chat", 0)

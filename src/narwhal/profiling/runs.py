@@ -10,7 +10,7 @@ together: `fit_concurrency`). Every probe goes through the same client, stream a
 malformed list fails the probe (the seed), and the engine stays unprofiled with that
 reason shown in /admin/engines. The fit is `narwhal.models.profile`'s (sans-IO).
 
-- Probe lengths are the engine's tokens (`probe_text`: its /tokenize, else the configured
+- Probe lengths are the engine's tokens (`narwhal.profiling.probe_text`: its /tokenize, else the configured
   tokenizer, else an estimate checked against its usage), fitted under its
   `max_model_len` (from /v1/models, the monitor's) less the probe's output.
 - Probes carry `X-Request-Id: narwhal-profile-<engine>-<n>`, are never counted as client
@@ -48,7 +48,6 @@ from typing import Any, Final
 import msgspec
 
 from narwhal.engines.client import EngineClient
-from narwhal.engines.probe_text import ProbeCounter, ProbeText
 from narwhal.engines.stream import EngineStream
 from narwhal.errors import NarwhalError
 from narwhal.models.drift import DRIFT_THRESHOLD
@@ -75,6 +74,7 @@ from narwhal.models.profile import (
     prefill_features,
     rescale,
 )
+from narwhal.profiling.probe_text import ProbeCounter, ProbeText
 from narwhal.protocol.assembly import Assembler
 from narwhal.protocol.exposure import Exposure
 from narwhal.protocol.forward import StreamCollector
