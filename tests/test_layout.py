@@ -136,3 +136,44 @@ def test_the_rules_see_every_floor() -> None:
     """A rule against a floor that was renamed would pass for ever."""
     floors = {_floor(path) for path in MODULES}
     assert set(MAY_IMPORT) <= floors
+
+
+# Where a dialect's (or an engine vendor's) name may be written: the one table of what each
+# dialect does, the configuration's default, the metric names of each vendor, and the
+# simulator and load generator, which play or face an engine.
+_DIALECT_NAMES = frozenset({"vllm", "sglang", "openai"})
+_MAY_NAME_DIALECTS = (
+    "protocol/dialects.py",
+    "config/__init__.py",
+    "fleet/scrape.py",
+    "sim/",
+    "bench/",
+)
+
+
+def _docstrings(tree: ast.AST) -> set[int]:
+    found = set()
+    for node in ast.walk(tree):
+        kinds = (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
+        if isinstance(node, kinds) and node.body and isinstance(node.body[0], ast.Expr):
+            found.add(id(node.body[0].value))
+    return found
+
+
+@pytest.mark.parametrize(
+    "path",
+    [p for p in MODULES if not str(p.relative_to(PACKAGE)).startswith(_MAY_NAME_DIALECTS)],
+    ids=lambda p: str(p.relative_to(PACKAGE)),
+)
+def test_no_behaviour_is_keyed_on_a_dialects_name(path: Path) -> None:
+    """Every decision by dialect reads its capabilities (`narwhal.protocol.dialects`):
+    the upstream body, the tracker's IDs, the tokenize route and form, the metric names,
+    what /admin/engines reports. A string compared with "vllm" elsewhere is a second
+    table that the first will not keep in step."""
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    docstrings = _docstrings(tree)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant) and node.value in _DIALECT_NAMES:
+            assert id(node) in docstrings, (
+                f"{path.relative_to(PACKAGE)}:{node.lineno} names the dialect {node.value!r}"
+            )

@@ -308,7 +308,7 @@ class Dispatcher:
         try:
             try:
                 async with self.drain.timeout_at(deadline):
-                    body = upstream_body(request, client.dialect, streamed=not whole)
+                    body = upstream_body(request, client.capabilities, streamed=not whole)
                     if plan.prefill is not None:
                         sent = time.monotonic()
                         with placement.child(

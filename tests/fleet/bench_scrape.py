@@ -25,7 +25,7 @@ def main() -> None:
     print(f"{'page':<22}{'bytes':>8}{'lines':>7}{'scanner µs':>13}{'prometheus_client µs':>22}")
     for dp in (1, 2, 8):
         text = vllm_page(dp)
-        ours = _per_call_us(lambda text=text: parse_engine_metrics(text, "vllm"))
+        ours = _per_call_us(lambda text=text: parse_engine_metrics(text, ("vllm",)))
         theirs = _per_call_us(lambda text=text: list(text_string_to_metric_families(text)))
         label = f"vLLM, {dp} DP engine{'s' if dp > 1 else ''}"
         print(f"{label:<22}{len(text):>8}{text.count(chr(10)):>7}{ours:>13.1f}{theirs:>22.0f}")

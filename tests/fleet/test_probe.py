@@ -10,6 +10,7 @@ import pytest
 from narwhal.fleet.probe import check_health, scrape_metrics
 from narwhal.fleet.scrape import EngineScrape
 from narwhal.fleet.state import HealthCheck, MetricsFailure
+from narwhal.protocol.dialects import capabilities
 from tests.fleet.exposition import SGLANG_PAGE
 from tests.fleet.fake_engine import FakeEngine
 
@@ -53,26 +54,32 @@ async def test_timeout_is_bounded(fake_engine: FakeEngine, session: aiohttp.Clie
 async def test_closed_port_is_unreachable(closed_port: int, session: aiohttp.ClientSession) -> None:
     url = f"http://127.0.0.1:{closed_port}"
     assert await check_health(session, url, TIMEOUT) is HealthCheck.UNREACHABLE
-    assert await scrape_metrics(session, url, "vllm", TIMEOUT) is MetricsFailure.UNREACHABLE
+    assert (
+        await scrape_metrics(session, url, capabilities("vllm"), TIMEOUT)
+        is MetricsFailure.UNREACHABLE
+    )
 
 
 async def test_dropped_connection_is_an_error(
     dropping_server: str, session: aiohttp.ClientSession
 ) -> None:
     assert await check_health(session, dropping_server, TIMEOUT) is HealthCheck.ERROR
-    assert await scrape_metrics(session, dropping_server, "vllm", TIMEOUT) is MetricsFailure.ERROR
+    assert (
+        await scrape_metrics(session, dropping_server, capabilities("vllm"), TIMEOUT)
+        is MetricsFailure.ERROR
+    )
 
 
 async def test_scrape_reads_the_page(
     fake_engine: FakeEngine, session: aiohttp.ClientSession
 ) -> None:
-    assert await scrape_metrics(session, fake_engine.url, "vllm", TIMEOUT) == EngineScrape(
-        5.0, 5.0, 0.375
-    )
+    assert await scrape_metrics(
+        session, fake_engine.url, capabilities("vllm"), TIMEOUT
+    ) == EngineScrape(5.0, 5.0, 0.375)
     fake_engine.metrics_text = SGLANG_PAGE
-    assert await scrape_metrics(session, fake_engine.url, "sglang", TIMEOUT) == EngineScrape(
-        7.0, 2.0, 0.42
-    )
+    assert await scrape_metrics(
+        session, fake_engine.url, capabilities("sglang"), TIMEOUT
+    ) == EngineScrape(7.0, 2.0, 0.42)
 
 
 @pytest.mark.parametrize(
@@ -91,7 +98,7 @@ async def test_scrape_failures(
     outcome: MetricsFailure,
 ) -> None:
     fake_engine.metrics = behaviour
-    assert await scrape_metrics(session, fake_engine.url, "vllm", TIMEOUT) is outcome
+    assert await scrape_metrics(session, fake_engine.url, capabilities("vllm"), TIMEOUT) is outcome
 
 
 @pytest.mark.parametrize(
@@ -106,7 +113,7 @@ async def test_page_without_load_metrics(
 ) -> None:
     # A vLLM engine must have its metrics; a generic server's process metrics say nothing.
     fake_engine.metrics_text = "# TYPE process_open_fds gauge\nprocess_open_fds 6.0\n"
-    assert await scrape_metrics(session, fake_engine.url, dialect, TIMEOUT) is outcome
+    assert await scrape_metrics(session, fake_engine.url, capabilities(dialect), TIMEOUT) is outcome
 
 
 async def test_session_raise_for_status_is_overridden(fake_engine: FakeEngine) -> None:

@@ -28,6 +28,7 @@ from narwhal.fleet.probe import (
 )
 from narwhal.fleet.scrape import EngineScrape
 from narwhal.fleet.state import HealthCheck, MetricsFailure
+from narwhal.protocol.dialects import capabilities
 from tests.fleet.conftest import MonitorFactory
 from tests.fleet.exposition import VLLM_PAGE
 from tests.fleet.fake_engine import FakeEngine, wait_for
@@ -54,9 +55,13 @@ async def test_an_answer_of_the_bound_is_read_and_one_byte_longer_is_not(
 ) -> None:
     answer = ProbeAnswer(PAGE, claimed=len(PAGE) if claimed else None, content_type="text/plain")
     async with probed("/metrics", answer) as url:
-        scrape = await scrape_metrics(session, url, "vllm", TIMEOUT, max_bytes=len(PAGE))
+        scrape = await scrape_metrics(
+            session, url, capabilities("vllm"), TIMEOUT, max_bytes=len(PAGE)
+        )
         assert isinstance(scrape, EngineScrape)
-        refused = await scrape_metrics(session, url, "vllm", TIMEOUT, max_bytes=len(PAGE) - 1)
+        refused = await scrape_metrics(
+            session, url, capabilities("vllm"), TIMEOUT, max_bytes=len(PAGE) - 1
+        )
         assert refused is MetricsFailure.TOO_LARGE
 
 

@@ -81,7 +81,7 @@ async def test_prefix_cache_of_a_sim_engine_is_read(session: aiohttp.ClientSessi
             async with session.post(sim.url + "/v1/completions", json=body) as response:
                 assert response.status == 200
         async with session.get(sim.url + "/metrics") as response:
-            scrape = parse_engine_metrics(await response.text(), "vllm")
+            scrape = parse_engine_metrics(await response.text(), ("vllm",))
         assert scrape is not None
         assert (scrape.block_size, scrape.num_gpu_blocks) == (32, 1000)
         assert (scrape.prefix_cache_queries, scrape.prefix_cache_hits) == (400.0, 192.0)

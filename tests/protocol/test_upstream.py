@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from narwhal.protocol.dialects import Dialect
+from narwhal.protocol.dialects import Dialect, capabilities
 from narwhal.protocol.requests import Route, parse_request
 from narwhal.protocol.upstream import upstream_body
 
@@ -20,7 +20,9 @@ def shaped(dialect: Dialect, route: Route, **fields: Any) -> dict[str, Any]:
         body["messages"] = [{"role": "user", "content": "hi"}]
     else:
         body["prompt"] = "hi"
-    return upstream_body(parse_request(json.dumps(body).encode(), route, model=MODEL), dialect)
+    return upstream_body(
+        parse_request(json.dumps(body).encode(), route, model=MODEL), capabilities(dialect)
+    )
 
 
 @pytest.mark.parametrize("route", ["chat", "completion"])
@@ -63,7 +65,7 @@ def test_an_unstreamed_request_keeps_the_clients_stream_false_and_its_ids() -> N
         "completion",
         model=MODEL,
     )
-    body = upstream_body(request, "vllm", streamed=False)
+    body = upstream_body(request, capabilities("vllm"), streamed=False)
     assert body["stream"] is False and body["return_token_ids"] is True
     assert "stream_options" not in body and "stream_interval" not in body
     assert body["prompt_logprobs"] == 2
@@ -87,7 +89,7 @@ def test_an_echo_of_token_ids_goes_without_asking_for_ids(
             "completion",
             model=MODEL,
         ),
-        "vllm",
+        capabilities("vllm"),
     )
     assert ("return_token_ids" in body) is forced
     assert body.get("return_token_ids", True) is True

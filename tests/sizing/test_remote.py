@@ -12,6 +12,7 @@ from typing import Any
 import aiohttp
 import pytest
 
+from narwhal.protocol.dialects import capabilities
 from narwhal.protocol.requests import CompletionRequest, parse_request
 from narwhal.sim import SimOptions, start_sim
 from narwhal.sizing.remote import EngineTokenizer, TokenizeCandidate
@@ -34,7 +35,9 @@ def chat(*messages: dict[str, Any], **body: Any) -> CompletionRequest:
 def tokenizer_for(
     session: aiohttp.ClientSession, *engines: tuple[str, str, str], **kwargs: Any
 ) -> EngineTokenizer:
-    candidates = [TokenizeCandidate(*e) for e in engines]
+    candidates = [
+        TokenizeCandidate(name, url, capabilities(dialect)) for name, url, dialect in engines
+    ]
     return EngineTokenizer(session, lambda: candidates, **kwargs)
 
 

@@ -12,6 +12,7 @@ from typing import Any
 import aiohttp
 import pytest
 
+from narwhal.protocol.dialects import capabilities
 from narwhal.protocol.requests import CompletionRequest, parse_request
 from narwhal.protocol.tokenizer import SimTokenizer
 from narwhal.sim import SimOptions, start_sim
@@ -55,7 +56,7 @@ class SpySizer(PromptSizer):
 
 
 def engine(session: aiohttp.ClientSession, url: str, dialect: str = "vllm") -> EngineTokenizer:
-    candidates = [TokenizeCandidate("e0", url, dialect)]
+    candidates = [TokenizeCandidate("e0", url, capabilities(dialect))]
     return EngineTokenizer(session, lambda: candidates)
 
 

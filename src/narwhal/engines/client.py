@@ -76,7 +76,6 @@ class EngineClient:
     ) -> None:
         self.engine = engine
         self.name = engine.name
-        self.dialect = engine.dialect
         self.capabilities = capabilities(engine.dialect)
         self._base = engine.url.rstrip("/")
         self._pool = pool

@@ -395,7 +395,7 @@ class FleetMonitor:
             result = await scrape_metrics(
                 self._session,
                 engine.base_url,
-                engine.config.dialect,
+                engine.capabilities,
                 self._timeout,
                 engine.headers,
                 self._fleet.max_probe_answer_bytes,

@@ -32,7 +32,7 @@ from narwhal.config import FleetConfig
 from narwhal.engines.answers import AnswerTooLarge, read_bounded
 from narwhal.fleet.scrape import parse_engine_metrics
 from narwhal.fleet.state import HealthCheck, MetricsFailure, ScrapeResult
-from narwhal.protocol.dialects import Dialect, capabilities
+from narwhal.protocol.dialects import DialectCapabilities
 
 Headers = Mapping[str, str]
 _NO_HEADERS: Headers = {}
@@ -112,7 +112,7 @@ async def check_health(
 async def scrape_metrics(
     session: aiohttp.ClientSession,
     base_url: str,
-    dialect: Dialect,
+    engine: DialectCapabilities,
     per_request: aiohttp.ClientTimeout,
     headers: Headers = _NO_HEADERS,
     max_bytes: int = DEFAULT_MAX_ANSWER_BYTES,
@@ -136,12 +136,12 @@ async def scrape_metrics(
     if status != 200:
         return MetricsFailure.BAD_STATUS
     # The exposition format is UTF-8; a stray bad byte must not cost the whole page.
-    scrape = parse_engine_metrics(body.decode("utf-8", errors="replace"), dialect)
+    scrape = parse_engine_metrics(body.decode("utf-8", errors="replace"), engine.metrics_vendors)
     if scrape is not None:
         return scrape
     # A generic OpenAI server may serve /metrics for something else entirely (its own
     # process metrics): for the scheduler that is the same as having none.
-    if capabilities(dialect).metrics_optional:
+    if engine.metrics_optional:
         return MetricsFailure.ABSENT
     return MetricsFailure.UNREADABLE
 

@@ -25,8 +25,11 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Final
+
+from narwhal.protocol.dialects import MetricsVendor
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,23 +91,19 @@ _SGLANG: Final = _Names(
     waiting="sglang:num_queue_reqs",
     kv_usage=("sglang:token_usage",),
 )
-# A generic `openai` engine may well be a vLLM or SGLang server behind a plain dialect.
-_BY_DIALECT: Final[dict[str, tuple[_Names, ...]]] = {
-    "vllm": (_VLLM,),
-    "sglang": (_SGLANG,),
-    "openai": (_VLLM, _SGLANG),
-}
+_BY_VENDOR: Final[dict[MetricsVendor, _Names]] = {"vllm": _VLLM, "sglang": _SGLANG}
 
 
-def parse_engine_metrics(text: str, dialect: str) -> EngineScrape | None:
-    """The load on the page, or None when none of the dialect's load metrics is on it.
+def parse_engine_metrics(text: str, vendors: Sequence[MetricsVendor]) -> EngineScrape | None:
+    """The load on the page, or None when none of the load metrics of `vendors` (the
+    engine's `DialectCapabilities.metrics_vendors`, tried in order) is on it.
 
     With several label sets (data-parallel engines behind one server, `engine="0"`,
     `engine="1"`, ...) request counts are summed and KV usage is averaged: usage is a
     fraction of each engine's own cache, so a sum could exceed 1. NaN and infinite
     samples are ignored; a metric whose every sample is ignored reads as None.
     """
-    for names in _BY_DIALECT.get(dialect, ()):
+    for names in (_BY_VENDOR[vendor] for vendor in vendors):
         lines = _sample_lines(text, names)
         running_seen, running = _total(lines.get(names.running))
         waiting_seen, waiting = _total(lines.get(names.waiting))

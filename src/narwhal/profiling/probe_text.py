@@ -33,7 +33,7 @@ from narwhal.config import FleetConfig
 from narwhal.engines.answers import AnswerTooLarge, read_bounded
 from narwhal.engines.client import EngineClient
 from narwhal.models.profile import ProfileError
-from narwhal.sizing.remote import TOKENIZE_PATHS, answer_count
+from narwhal.sizing.remote import answer_count
 
 MAX_ROUNDS: Final = 4  # tokenize round trips per probe text
 # A count comes in milliseconds from an engine that is not swamped; one that takes longer
@@ -191,7 +191,7 @@ class ProbeCounter:
         """How this engine's probe texts are counted (None: estimated). Chat probes
         (engines without token IDs on completions) are counted by the local tokenizer only:
         the tokenize endpoints that render a chat template are the IDs' dialects'."""
-        path = TOKENIZE_PATHS.get(client.dialect)
+        path = client.capabilities.tokenize_path
         session = self._session
         local = self._local
         if completion and path is not None and session is not None:

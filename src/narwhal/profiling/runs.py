@@ -10,9 +10,9 @@ together: `fit_concurrency`). Every probe goes through the same client, stream a
 malformed list fails the probe (the seed), and the engine stays unprofiled with that
 reason shown in /admin/engines. The fit is `narwhal.models.profile`'s (sans-IO).
 
-- Probe lengths are the engine's tokens (`narwhal.profiling.probe_text`: its /tokenize, else the configured
-  tokenizer, else an estimate checked against its usage), fitted under its
-  `max_model_len` (from /v1/models, the monitor's) less the probe's output.
+- Probe lengths are the engine's tokens (`narwhal.profiling.probe_text`: its /tokenize,
+  else the configured tokenizer, else an estimate checked against its usage), fitted
+  under its `max_model_len` (from /v1/models, the monitor's) less the probe's output.
 - Probes carry `X-Request-Id: narwhal-profile-<engine>-<n>`, are never counted as client
   traffic (they do not pass the front), and open with words in a random order so that no
   two share a prefix an engine could have cached.
@@ -538,7 +538,7 @@ class Profiler:
         async with asyncio.timeout(self._probe_timeout):
             start = time.monotonic() if sent is None else sent
             response = await client.open_stream(
-                route, upstream_body(request, client.dialect), request_id=request_id
+                route, upstream_body(request, client.capabilities), request_id=request_id
             )
             stream = EngineStream(client.name, response, sink)
             try:

@@ -2,11 +2,14 @@
 
 A dialect is how Narwhal talks to an engine (`engines[].dialect` in the configuration,
 `narwhal sim --dialect`): vLLM first, SGLang second, any OpenAI-compatible server third
-(DESIGN.md). Every decision the router takes by dialect reads `capabilities(dialect)`:
-what the upstream request asks for (`upstream.upstream_body`), what the engine's events
-carry (the tracker's token IDs, the exposure filter's nulls), what the fleet monitor may
-expect of the engine, and what /admin/engines reports (`token_accounting`). Each fact
-cites the PROTOCOL.md section it comes from.
+(DESIGN.md). Every decision the router takes by dialect reads `capabilities(dialect)`,
+and nothing else names a dialect (`tests/test_layout.py` holds it): what the upstream
+request asks for (`upstream.upstream_body`), what the engine's events carry (the
+tracker's token IDs, the exposure filter's nulls), where and how a prompt is counted (the
+tokenize route and its chat form: sizing and the probes' lengths), whose metric names its
+/metrics page carries and whether it may have none (the fleet monitor), and what
+/admin/engines reports (`token_accounting`). Each fact cites the PROTOCOL.md section it
+comes from.
 """
 
 from __future__ import annotations
@@ -18,6 +21,8 @@ from narwhal.protocol.events import Route
 
 Dialect = Literal["vllm", "sglang", "openai"]
 TokenAccounting = Literal["token_ids", "unavailable"]
+MetricsVendor = Literal["vllm", "sglang"]
+"""Whose metric names an engine's /metrics page carries (`narwhal.fleet.scrape`)."""
 
 ROUTES: Final[frozenset[Route]] = frozenset(get_args(Route))
 # vLLM's own request fields, which a generic OpenAI-compatible server may answer 422 to
@@ -55,10 +60,30 @@ class DialectCapabilities:
     version_gates_token_ids: bool
     """The engine's GET /version tells whether it gives token IDs at all: vLLM releases
     before `return_token_ids` (0.10.2) send none (PROTOCOL.md §1)."""
+    tokenize_path: str | None
+    """Where the engine counts a prompt's tokens (vLLM's and SGLang's `/tokenize`,
+    PROTOCOL.md §5), for sizing and for the probes' lengths; None: it has no such route."""
+    tokenize_adds_generation_prompt: bool
+    """The chat form of the tokenize route takes `add_generation_prompt` and needs it
+    to count what a chat completion renders (vLLM); SGLang renders it as for a chat
+    completion without it."""
+    metrics_vendors: tuple[MetricsVendor, ...]
+    """Whose load metrics the engine's /metrics page may carry: a generic server may
+    well be a vLLM or an SGLang behind the plain dialect."""
     answers_unstreamed: bool = False
     """The engine refuses some requests when streamed and answers them unstreamed
     (vLLM: `prompt_logprobs`, completions' beam search; PROTOCOL.md §7): a
     non-streaming client's such request goes to it unstreamed (`unstreamed.py`)."""
+
+    @property
+    def token_accounting(self) -> TokenAccounting:
+        """How the engine has its output counted, as /admin/engines reports it
+        (DESIGN.md §3): `token_ids` when it gives validated per-event token IDs on every
+        completion route, so every request's output length and per-token timing come
+        from IDs; `unavailable` when on some route they do not (SGLang's streamed chat,
+        every route of a generic server), and output there is counted from the engine's
+        usage or from its events (the seed's `token_accounting: unavailable`)."""
+        return "token_ids" if self.token_ids_on == ROUTES else "unavailable"
 
 
 _NOWHERE: Final[frozenset[Route]] = frozenset()
@@ -73,6 +98,9 @@ _TABLE: Final[dict[Dialect, DialectCapabilities]] = {
         null_ids=True,
         metrics_optional=False,
         version_gates_token_ids=True,
+        tokenize_path="/tokenize",
+        tokenize_adds_generation_prompt=True,
+        metrics_vendors=("vllm",),
         answers_unstreamed=True,
     ),
     "sglang": DialectCapabilities(
@@ -84,6 +112,9 @@ _TABLE: Final[dict[Dialect, DialectCapabilities]] = {
         null_ids=False,
         metrics_optional=False,
         version_gates_token_ids=False,
+        tokenize_path="/tokenize",
+        tokenize_adds_generation_prompt=False,
+        metrics_vendors=("sglang",),
     ),
     "openai": DialectCapabilities(
         name="openai",
@@ -94,6 +125,9 @@ _TABLE: Final[dict[Dialect, DialectCapabilities]] = {
         null_ids=False,
         metrics_optional=True,
         version_gates_token_ids=False,
+        tokenize_path=None,
+        tokenize_adds_generation_prompt=False,
+        metrics_vendors=("vllm", "sglang"),
     ),
 }
 
@@ -104,10 +138,5 @@ def capabilities(dialect: Dialect) -> DialectCapabilities:
 
 
 def token_accounting(dialect: Dialect) -> TokenAccounting:
-    """How an engine of `dialect` has its output counted, as /admin/engines reports it
-    (DESIGN.md §3): `token_ids` when it gives validated per-event token IDs on every
-    completion route, so every request's output length and per-token timing come from
-    IDs; `unavailable` when on some route they do not (SGLang's streamed chat, every
-    route of a generic server), and output there is counted from the engine's usage or
-    from its events (the seed's `token_accounting: unavailable`)."""
-    return "token_ids" if capabilities(dialect).token_ids_on == ROUTES else "unavailable"
+    """`DialectCapabilities.token_accounting` of `dialect`."""
+    return capabilities(dialect).token_accounting

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any, Final
 
-from narwhal.protocol.dialects import VLLM_ONLY_FIELDS, Dialect, capabilities
+from narwhal.protocol.dialects import VLLM_ONLY_FIELDS, DialectCapabilities
 from narwhal.protocol.echo import engine_token_ids
 from narwhal.protocol.requests import CompletionRequest
 
@@ -24,11 +24,11 @@ is malformed engine output (`OutputTracker`, `Assembler`)."""
 
 
 def upstream_body(
-    request: CompletionRequest, dialect: Dialect, *, streamed: bool = True
+    request: CompletionRequest, engine: DialectCapabilities, *, streamed: bool = True
 ) -> dict[str, Any]:
-    """The engine's body; `streamed=False`: a request the engine answers only without
-    streaming (`unstreamed.py`), asked as the client asked it, less the stream."""
-    engine = capabilities(dialect)
+    """The body for an engine of these capabilities; `streamed=False`: a request the
+    engine answers only without streaming (`unstreamed.py`), asked as the client asked
+    it, less the stream."""
     body = dict(request.body)
     body["stream"] = streamed
     if streamed:

@@ -39,7 +39,7 @@ import hashlib
 import itertools
 import logging
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Final, Literal, NamedTuple
 
@@ -47,6 +47,7 @@ import aiohttp
 import msgspec
 
 from narwhal.engines.answers import AnswerTooLarge, read_bounded
+from narwhal.protocol.dialects import DialectCapabilities
 from narwhal.protocol.requests import CompletionRequest, Route
 from narwhal.protocol.usage import MAX_TOKEN_COUNT
 from narwhal.sizing.cache import CountCache
@@ -54,7 +55,6 @@ from narwhal.sizing.local import token_id_count
 
 log = logging.getLogger(__name__)
 
-TOKENIZE_PATHS: Final[Mapping[str, str]] = {"vllm": "/tokenize", "sglang": "/tokenize"}
 # Fields of a chat request that change the rendered prompt and that both dialects' chat
 # tokenize forms accept; copied when the client sent them.
 _TEMPLATE_FIELDS: Final = ("tools", "chat_template_kwargs", "continue_final_message")
@@ -80,13 +80,13 @@ FAILURE_KINDS: Final[tuple[FailureKind, ...]] = (
 
 
 class TokenizeCandidate(NamedTuple):
-    """An engine that may be asked: its configured name, base URL and dialect, and the
-    Authorization header its requests carry (its api_key; vLLM leaves /tokenize open,
-    SGLang guards it)."""
+    """An engine that may be asked: its configured name, base URL and capabilities (its
+    tokenize route, if any, and the chat form's fields), and the Authorization header its
+    requests carry (its api_key; vLLM leaves /tokenize open, SGLang guards it)."""
 
     name: str
     base_url: str
-    dialect: str
+    capabilities: DialectCapabilities
     authorization: str | None = None
 
 
@@ -138,10 +138,10 @@ def _text_only(content: object) -> bool:
     return True
 
 
-def _body(query: TokenizeQuery, dialect: str) -> bytes:
+def _body(query: TokenizeQuery, engine: DialectCapabilities) -> bytes:
     payload: dict[str, Any] = {"model": query.model, **query.content}
     if query.route == "chat":
-        if dialect == "vllm":
+        if engine.tokenize_adds_generation_prompt:
             payload.setdefault("add_generation_prompt", True)
         else:
             # SGLang: left out, the messages are rendered as for a chat completion.
@@ -245,18 +245,22 @@ class EngineTokenizer:
         eligible = [
             c
             for c in self._candidates()
-            if c.dialect in TOKENIZE_PATHS and self._absent_until.get(c.name, now) <= now
+            if c.capabilities.tokenize_path is not None
+            and self._absent_until.get(c.name, now) <= now
         ]
         if not eligible:
             return None
         return eligible[next(self._turn) % len(eligible)]
 
     async def _ask(self, engine: TokenizeCandidate, query: TokenizeQuery) -> int | None:
-        url = engine.base_url + TOKENIZE_PATHS[engine.dialect]
+        path = engine.capabilities.tokenize_path
+        if path is None:
+            return None
+        url = engine.base_url + path
         try:
             async with self._session.post(
                 url,
-                data=_body(query, engine.dialect),
+                data=_body(query, engine.capabilities),
                 headers=_HEADERS
                 if engine.authorization is None
                 else {**_HEADERS, "Authorization": engine.authorization},
@@ -294,7 +298,7 @@ class EngineTokenizer:
             "engine %s answered %d to %s: prompts are sized without it, asked again every %.0f s",
             engine.name,
             status,
-            TOKENIZE_PATHS[engine.dialect],
+            engine.capabilities.tokenize_path,
             self._recheck_after_s,
         )
 
