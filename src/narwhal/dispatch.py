@@ -271,14 +271,15 @@ class Dispatcher:
         serve the request. Whatever the end, the attempt's engine stream is closed and
         its buffers released before this returns (a lease keeps its stream open)."""
         client = self._clients[plan.decode.name]
+        engine = plan.decode.capabilities  # as the fleet monitor resolved them
         # (An echo of token IDs is sent without asking for IDs: echo.py.)
-        ids = request.route in client.capabilities.token_ids_on and engine_token_ids(request)
+        ids = request.route in engine.token_ids_on and engine_token_ids(request)
         exposure = Exposure(
             token_ids=request.return_token_ids,
             usage=request.include_usage,
             continuous_usage=request.continuous_usage,
-            null_usage=client.capabilities.null_usage,
-            null_ids=client.capabilities.null_ids,
+            null_usage=engine.null_usage,
+            null_ids=engine.null_ids,
             echo=echoes(request),
             echo_text=echo_text(request) if ids else None,
         )
@@ -293,7 +294,7 @@ class Dispatcher:
         # Answered only unstreamed by this engine (unstreamed.py): one request, one answer.
         whole = (
             not request.stream
-            and client.capabilities.answers_unstreamed
+            and engine.answers_unstreamed
             and unstreamed_field(request) is not None
         )
         stream: EngineStream | None = None
@@ -308,7 +309,7 @@ class Dispatcher:
         try:
             try:
                 async with self.drain.timeout_at(deadline):
-                    body = upstream_body(request, client.capabilities, streamed=not whole)
+                    body = upstream_body(request, engine, streamed=not whole)
                     if plan.prefill is not None:
                         sent = time.monotonic()
                         with placement.child(

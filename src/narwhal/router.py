@@ -385,7 +385,7 @@ class Router:
             TokenizeCandidate(
                 entry.name,
                 entry.config.url.rstrip("/"),
-                self.clients[entry.name].capabilities,
+                entry.capabilities,
                 entry.config.authorization,
             )
             for entry in self.registry.entries.values()

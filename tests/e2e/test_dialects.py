@@ -204,3 +204,26 @@ async def test_a_server_that_does_not_stream_gets_a_clear_502() -> None:
                 assert "not an event stream" in error["message"]
     finally:
         await runner.cleanup()
+
+
+async def test_a_vllm_too_old_for_token_ids_is_asked_for_none_and_served() -> None:
+    """A vLLM whose /version predates `return_token_ids` (0.10.2) sends no IDs whatever it
+    is asked (the sim's `--vllm-version`): the fleet monitor resolves the engine's
+    capabilities from that version, so its requests ask for none and are counted from
+    usage and events, where each used to fail its token-ID check (502)."""
+    with sim_process("--time-scale", "0", "--vllm-version", "0.9.2") as sim:
+        with router_process(fleet_config([("v0", sim, "vllm")])) as router:
+            for body in (
+                chat(stream=True, max_tokens=6, stream_options={"include_usage": True}),
+                completion(max_tokens=6),
+            ):
+                reply = await send(router.url, body)
+                assert reply.status == 200, reply.raw
+            async with aiohttp.ClientSession() as session:
+                async with session.get(router.url + "/admin/engines") as resp:
+                    (engine,) = (await resp.json())["engines"]
+            assert engine["token_accounting"] == "unavailable"
+            assert engine["monitoring"]["supplies_token_ids"] is False
+            values = await metrics_of(router.url)
+            assert values.get('narwhal_output_tokens_total{engine="v0",source="usage"}', 0) > 0
+            assert not values.get('narwhal_output_tokens_total{engine="v0",source="token_ids"}')

@@ -452,14 +452,19 @@ async def test_a_vllm_too_old_for_token_ids_is_reported(
     monitor = make_monitor([engine("e0", fake_engine.url)], SLOW)
     with caplog.at_level(logging.WARNING, logger="narwhal.fleet.monitor"):
         await monitor.start()
-    # Told, not acted on: a wrong guess must not take a working engine out of placement.
+    # A wrong guess must not take a working engine out of placement: it is resolved to
+    # be asked for no IDs (served as a generic server is), and kept placeable.
     assert monitor.is_placeable("e0")
     report = monitor.report("e0", time.monotonic())
     assert report["version"] == version and report["supplies_token_ids"] is supplies
+    resolved = monitor.health("e0").capabilities
+    assert resolved is not None
+    assert (resolved.token_accounting == "unavailable") is (supplies is False)
+    assert ("return_token_ids" in resolved.vllm_fields) is (supplies is not False)
     warned = [r.getMessage() for r in caplog.records if "sends no token IDs" in r.getMessage()]
     assert bool(warned) is (supplies is False)
     if warned:
-        assert "dialect: openai" in warned[0]
+        assert "served without token accounting" in warned[0]
 
 
 async def test_only_vllm_engines_are_asked_their_version(
@@ -485,6 +490,8 @@ async def test_the_version_is_read_again_when_the_engine_comes_back(
     await fake_engine.start()
     await wait_for(lambda: monitor.health("e0").version == "0.33.0", within=5.0)
     assert monitor.report("e0", time.monotonic())["supplies_token_ids"] is True
+    resolved = monitor.health("e0").capabilities
+    assert resolved is not None and resolved.token_accounting == "token_ids"
     await monitor.close()
 
 

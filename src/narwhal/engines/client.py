@@ -39,7 +39,6 @@ import msgspec
 from narwhal.config import EngineConfig
 from narwhal.engines.upstream import UpstreamPool, UpstreamResponse
 from narwhal.errors import InvalidRequest, UpstreamError
-from narwhal.protocol.dialects import capabilities
 from narwhal.protocol.events import EngineOutputError, engine_error
 from narwhal.protocol.jsonbody import MAX_NESTING, nested_deeper_than, nested_past
 from narwhal.protocol.requests import Route
@@ -76,7 +75,6 @@ class EngineClient:
     ) -> None:
         self.engine = engine
         self.name = engine.name
-        self.capabilities = capabilities(engine.dialect)
         self._base = engine.url.rstrip("/")
         self._pool = pool
         self._forward = forward_client_authorization

@@ -56,7 +56,7 @@ from narwhal.fleet.probe import (
 )
 from narwhal.fleet.scrape import EngineScrape
 from narwhal.fleet.state import EngineHealth, HealthCheck, MetricsFailure, ScrapeResult
-from narwhal.protocol.dialects import capabilities
+from narwhal.protocol.dialects import DialectCapabilities, capabilities, for_engine
 
 log = logging.getLogger(__name__)
 # vLLM's first release with `return_token_ids` (PROTOCOL.md §1).
@@ -71,16 +71,23 @@ def _release(version: str) -> tuple[int, ...] | None:
 
 
 class _Engine:
-    __slots__ = ("base_url", "capabilities", "config", "headers", "placeable", "state")
+    __slots__ = ("base_url", "config", "headers", "placeable", "state")
 
     def __init__(self, config: EngineConfig, state: EngineHealth) -> None:
-        self.configure(config)
         self.state = state
+        self.configure(config)
         self.placeable = state.placeable  # as last announced to subscribers
+
+    @property
+    def capabilities(self) -> DialectCapabilities:
+        resolved = self.state.capabilities
+        return resolved if resolved is not None else capabilities(self.config.dialect)
 
     def configure(self, config: EngineConfig) -> None:
         self.config = config
-        self.capabilities = capabilities(config.dialect)
+        self.state.capabilities = for_engine(
+            config.dialect, supplies_token_ids=self.state.supplies_token_ids
+        )
         self.base_url = config.url.rstrip("/")
         # Its key on every probe, /health and /metrics too: which routes an engine guards
         # is its business (vLLM guards /v1 only, SGLang all but /health and /metrics).
@@ -357,20 +364,22 @@ class FleetMonitor:
         reason = answer.reason if isinstance(answer, Oversized) else None
         _note(engine.config.name, engine.state, "/version", reason, isinstance(answer, str))
         version = None if isinstance(answer, Oversized) else answer
-        engine.state.version = version
-        engine.state.supplies_token_ids = None
-        if version is None:
-            return  # cannot tell (no /version): ask again next time it comes up
-        release = _release(version)
-        if release is None or release == (0, 0, 0):
-            return  # a build we cannot read (or a placeholder): its requests will tell
-        engine.state.supplies_token_ids = release >= _FIRST_WITH_TOKEN_IDS
-        if not engine.state.supplies_token_ids:
+        state = engine.state
+        state.version = version
+        state.supplies_token_ids = None
+        release = None if version is None else _release(version)
+        # (None, or a build we cannot read, or a placeholder: its requests will tell.)
+        if release is not None and release != (0, 0, 0):
+            state.supplies_token_ids = release >= _FIRST_WITH_TOKEN_IDS
+        state.capabilities = for_engine(
+            engine.config.dialect, supplies_token_ids=state.supplies_token_ids
+        )
+        if state.supplies_token_ids is False:
             log.warning(
                 "fleet: engine %s runs vLLM %s, which sends no token IDs (return_token_ids "
-                "came in %s): every request placed there will fail its token-ID check. "
-                "Give it dialect: openai to serve through it without token accounting, "
-                "or upgrade it.",
+                "came in %s): it is asked for none and served without token accounting "
+                "(output counted from its usage and events). Upgrade it for exact "
+                "per-token accounting.",
                 engine.config.name,
                 version,
                 ".".join(map(str, _FIRST_WITH_TOKEN_IDS)),

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Final, Literal
 
 from narwhal.fleet.scrape import EngineScrape
+from narwhal.protocol.dialects import DialectCapabilities
 
 
 class HealthCheck(enum.Enum):
@@ -93,11 +94,14 @@ class EngineHealth:
     credentials_refused: bool = False
     # The version from GET /version (vLLM), once read: None while unknown.
     version: str | None = None
-    # False for a vLLM older than return_token_ids (0.10.2): it sends no token IDs, so
-    # every request placed there fails its token-ID check. None: not known. Only told
-    # (a warning, /admin/engines), not acted on: a custom build's version string could
-    # be wrong, and a wrong guess must not take a working engine out of placement.
+    # False for a vLLM older than return_token_ids (0.10.2): it sends no token IDs.
+    # None: not known. It never takes an engine out of placement (a custom build's
+    # version string could be wrong): its capabilities say to ask it for none.
     supplies_token_ids: bool | None = None
+    # What the engine can do, resolved from its dialect and what it reported (its
+    # version): what every consumer reads (`EngineEntry.capabilities`). None until the
+    # monitor resolved it: the dialect's then.
+    capabilities: DialectCapabilities | None = None
     # Restarts seen without the engine going down: its metrics' counters (which count
     # from the engine's start) went back. A new process may serve with other limits:
     # `recheck` asks the monitor to read its /v1/models and /version again, and until

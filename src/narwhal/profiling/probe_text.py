@@ -33,6 +33,7 @@ from narwhal.config import FleetConfig
 from narwhal.engines.answers import AnswerTooLarge, read_bounded
 from narwhal.engines.client import EngineClient
 from narwhal.models.profile import ProfileError
+from narwhal.protocol.dialects import DialectCapabilities
 from narwhal.sizing.remote import answer_count
 
 MAX_ROUNDS: Final = 4  # tokenize round trips per probe text
@@ -187,11 +188,13 @@ class ProbeCounter:
         # fleet.max_probe_answer_bytes, read at each call (a reload applies to the next).
         self._max_answer_bytes = max_answer_bytes
 
-    def for_engine(self, client: EngineClient, *, completion: bool) -> Count | None:
+    def for_engine(
+        self, client: EngineClient, engine: DialectCapabilities, *, completion: bool
+    ) -> Count | None:
         """How this engine's probe texts are counted (None: estimated). Chat probes
         (engines without token IDs on completions) are counted by the local tokenizer only:
         the tokenize endpoints that render a chat template are the IDs' dialects'."""
-        path = client.capabilities.tokenize_path
+        path = engine.tokenize_path
         session = self._session
         local = self._local
         if completion and path is not None and session is not None:

@@ -76,6 +76,7 @@ from narwhal.models.profile import (
 )
 from narwhal.profiling.probe_text import ProbeCounter, ProbeText
 from narwhal.protocol.assembly import Assembler
+from narwhal.protocol.dialects import DialectCapabilities
 from narwhal.protocol.exposure import Exposure
 from narwhal.protocol.forward import StreamCollector
 from narwhal.protocol.requests import CompletionRequest, Route, parse_request
@@ -396,12 +397,15 @@ class Profiler:
         placed = False
         try:
             client = self._clients[name]
-            route, _ = _route_of(client)
+            route, _ = _route_of(entry.capabilities)
             health = entry.health
             context = health.max_model_len if health is not None else None
             (size,) = fit_probe_sizes((tokens,), context)
             texts = ProbeText(
-                self._counter.for_engine(client, completion=route == "completion"), self._rng
+                self._counter.for_engine(
+                    client, entry.capabilities, completion=route == "completion"
+                ),
+                self._rng,
             )
             text, counted = await texts.build(size)
             if not model.idle or not model.profiled:
@@ -445,13 +449,14 @@ class Profiler:
     ) -> tuple[list[ProbeSample], list[ConcurrentSample], Source, str]:
         """The solo probes, then the concurrent ones; and how their texts were sized."""
         client = self._clients[entry.name]
-        route, source = _route_of(client)
+        route, source = _route_of(entry.capabilities)
         sizes = fit_probe_sizes(
             with_hint(self._probe_sizes() or PROBE_PROMPTS, model.probe_size_hint(), context),
             context,
         )
         texts = ProbeText(
-            self._counter.for_engine(client, completion=route == "completion"), self._rng
+            self._counter.for_engine(client, entry.capabilities, completion=route == "completion"),
+            self._rng,
         )
         # Every size is probed in SOLO_PASSES passes and the faster of its probes stands:
         # an engine's first requests after a start run cold (vLLM's first prompt of each
@@ -522,10 +527,11 @@ class Profiler:
     ) -> _Probed:
         """One probe; its TTFT from `sent` (the moment probes sent together left) or from
         its own sending; `first` is told when its first output came, as it comes."""
-        request = self._request(route, text, output, client)
+        engine = entry.capabilities
+        request = self._request(route, text, output, engine)
         tracker = OutputTracker(
             route,
-            token_ids=route in client.capabilities.token_ids_on,
+            token_ids=route in engine.token_ids_on,
             prompt_ids=False,
             choices=CHOICES,
         )
@@ -538,7 +544,7 @@ class Profiler:
         async with asyncio.timeout(self._probe_timeout):
             start = time.monotonic() if sent is None else sent
             response = await client.open_stream(
-                route, upstream_body(request, client.capabilities), request_id=request_id
+                route, upstream_body(request, engine), request_id=request_id
             )
             stream = EngineStream(client.name, response, sink)
             try:
@@ -569,25 +575,23 @@ class Profiler:
         return _Probed(sample, prompt_tokens + tokens, tracker.event_times[-1] - start)
 
     def _request(
-        self, route: Route, text: str, output: int, client: EngineClient
+        self, route: Route, text: str, output: int, engine: DialectCapabilities
     ) -> CompletionRequest:
         body: dict[str, Any] = {"model": self._model, "max_tokens": output, "temperature": 0}
         if route == "chat":
             body["messages"] = [{"role": "user", "content": text}]
         else:
             body["prompt"] = text
-        if client.capabilities.vllm_fields:  # vLLM and SGLang: a fixed output length
+        if engine.vllm_fields:  # vLLM and SGLang: a fixed output length
             body["ignore_eos"] = True
         return parse_request(msgspec.json.encode(body), route, model=self._model)
 
 
-def _route_of(client: EngineClient) -> tuple[Route, Source]:
+def _route_of(engine: DialectCapabilities) -> tuple[Route, Source]:
     """The route probes take (the one the engine gives token IDs on, else chat) and what
     their timing is read from."""
-    route: Route = "completion" if client.capabilities.token_ids_on else "chat"
-    source: Source = (
-        "token_ids" if route in client.capabilities.token_ids_on else "usage_and_events"
-    )
+    route: Route = "completion" if engine.token_ids_on else "chat"
+    source: Source = "token_ids" if route in engine.token_ids_on else "usage_and_events"
     return route, source
 
 

@@ -14,7 +14,7 @@ comes from.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Final, Literal, get_args
 
 from narwhal.protocol.events import Route
@@ -135,6 +135,23 @@ _TABLE: Final[dict[Dialect, DialectCapabilities]] = {
 def capabilities(dialect: Dialect) -> DialectCapabilities:
     """The facts of `dialect`."""
     return _TABLE[dialect]
+
+
+def for_engine(dialect: Dialect, *, supplies_token_ids: bool | None = None) -> DialectCapabilities:
+    """One engine's capabilities: its dialect's, less what the engine said it lacks.
+    `supplies_token_ids`: what its GET /version said (`version_gates_token_ids`): a vLLM
+    older than `return_token_ids` (0.10.2) sends no IDs, and is asked for none and
+    served as a generic server is (output counted from usage and events, its
+    `token_accounting` unavailable) instead of failing every request's ID check. None
+    (not asked, or it cannot tell): the dialect's."""
+    engine = capabilities(dialect)
+    if supplies_token_ids is False and engine.version_gates_token_ids:
+        return replace(
+            engine,
+            token_ids_on=_NOWHERE,
+            vllm_fields=engine.vllm_fields - {"return_token_ids"},
+        )
+    return engine
 
 
 def token_accounting(dialect: Dialect) -> TokenAccounting:

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from narwhal.config import EngineConfig
+from narwhal.protocol.dialects import DialectCapabilities, capabilities
 from narwhal.scheduler.placement import EngineLoad, Phase
 
 if TYPE_CHECKING:
@@ -47,6 +48,17 @@ class EngineEntry:
     @property
     def name(self) -> str:
         return self.config.name
+
+    @property
+    def capabilities(self) -> DialectCapabilities:
+        """What the engine can do: its dialect's, as the fleet monitor resolved them from
+        what it reported (`narwhal.fleet.state.EngineHealth.capabilities`). Every request
+        and probe reads this one object: the upstream body, the tracker's IDs, the
+        exposure's nulls, the tokenize route, what /admin/engines reports."""
+        health = self.health
+        if health is not None and health.capabilities is not None:
+            return health.capabilities
+        return capabilities(self.config.dialect)
 
     @property
     def scrape(self) -> EngineScrape | None:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any
 
-from narwhal.protocol.dialects import capabilities
 from narwhal.scheduler.placement import PlacementRequest
 from narwhal.scheduler.predictive import decoding_on
 from narwhal.scheduler.registry import EngineEntry, EngineRegistry
@@ -45,7 +44,7 @@ class EngineReport:
             "wave": engine.wave,
             "state": registry.state(entry),
             "eligible": registry.eligible(entry),
-            "token_accounting": capabilities(engine.dialect).token_accounting,
+            "token_accounting": entry.capabilities.token_accounting,
             "profile": _profile(entry, now),
             "profiling": _profiling(entry, now),
             "scores": {

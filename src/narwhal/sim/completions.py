@@ -204,7 +204,9 @@ class CompletionRoutes:
             model=body.model or self.runtime.options.model,
             chat=parsed.chat,
             prompt_ids=parsed.prompt_ids,
-            return_token_ids=dialect != "openai" and bool(body.return_token_ids),
+            return_token_ids=dialect != "openai"
+            and bool(body.return_token_ids)
+            and not self.runtime.options.predates_token_ids,
             include_usage=include_usage,
             continuous_usage=include_usage and bool(options and options.continuous_usage_stats),
             logprobs=top is not None,

@@ -8,6 +8,7 @@ and the in-process API takes the same object. Defaults model one H100 serving an
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
 from typing import Any, Literal, get_args
 
@@ -15,6 +16,17 @@ from narwhal.protocol.dialects import Dialect
 from narwhal.sim.discipline import PrefillDiscipline
 
 Role = Literal["both", "prefill", "decode"]
+
+
+def _release(version: str) -> tuple[int, ...]:
+    """(major, minor, patch) of "0.9.2+cu126", "0.10.1.1" or "0.33.0rc1"; () unreadable."""
+    parts = []
+    for part in version.split(".")[:3]:
+        digits = "".join(itertools.takewhile(str.isdigit, part))
+        if not digits:
+            break
+        parts.append(int(digits))
+    return tuple(parts)
 
 
 def _help(text: str) -> dict[str, Any]:
@@ -193,6 +205,14 @@ class SimOptions:
             "the traceparent and tracestate values it carried (lists, empty when absent)"
         ),
     )
+    vllm_version: str | None = field(
+        default=None,
+        metadata=_help(
+            "vllm dialect: the version GET /version reports (default: a current one); one "
+            "before 0.10.2 also ignores return_token_ids and sends no token IDs, as those "
+            "vLLM releases do"
+        ),
+    )
     api_key: str | None = field(
         default=None,
         metadata=_help(
@@ -260,6 +280,12 @@ class SimOptions:
                 parse_directives(self.always)
             except ScenarioError as exc:
                 raise ValueError(f"always: {exc}") from None
+
+    @property
+    def predates_token_ids(self) -> bool:
+        """A vLLM reporting a release before `return_token_ids` (0.10.2): it sends none."""
+        release = _release(self.vllm_version or "")
+        return self.dialect == "vllm" and bool(release) and release < (0, 10, 2)
 
     @property
     def num_gpu_blocks(self) -> int:

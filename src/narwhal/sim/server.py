@@ -77,7 +77,8 @@ class _AuxRoutes:
         )
 
     async def version(self, request: web.Request) -> web.Response:
-        return _json({"version": VERSIONS[self.runtime.options.dialect]})
+        options = self.runtime.options
+        return _json({"version": options.vllm_version or VERSIONS[options.dialect]})
 
     async def tokenize(self, request: web.Request) -> web.Response:
         raw = await request.read()
