@@ -12,6 +12,8 @@ import importlib
 import sys
 from collections.abc import Sequence
 
+from narwhal import installed_version
+
 _SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "serve": ("narwhal.serve", "run the router (the embedded default without --config)"),
     "check-config": ("narwhal.check_config", "validate a configuration, print the effective one"),
@@ -25,6 +27,7 @@ def build_parser(command: str | None) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="narwhal", description="An SLO-aware router for OpenAI-compatible LLM engines."
     )
+    parser.add_argument("--version", action="version", version=f"narwhal {installed_version()}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, (module_name, help_text) in _SUBCOMMANDS.items():
         sub_parser = sub.add_parser(name, help=help_text, description=help_text)

@@ -5,8 +5,9 @@ from __future__ import annotations
 import importlib.metadata
 from typing import get_args
 
+from narwhal import DISTRIBUTION, installed_version
 from narwhal.errors import NarwhalError, Outcome
-from narwhal.observability.metrics import DISTRIBUTION, OUTCOMES, RouterMetrics, installed_version
+from narwhal.observability.metrics import OUTCOMES, RouterMetrics
 from tests.metrics_text import samples, series, total
 
 DURATION = "narwhal_request_duration_seconds"

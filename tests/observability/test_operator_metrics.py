@@ -14,8 +14,8 @@ from typing import Any
 
 import aiohttp
 
+from narwhal import DISTRIBUTION
 from narwhal.config import AdmissionConfig, Config, EngineConfig, FleetConfig
-from narwhal.observability.metrics import DISTRIBUTION
 from narwhal.router import Router
 from narwhal.sim import SimOptions, start_sim
 from tests.hostile_engine import HostileEngine, Script, sse

@@ -12,7 +12,6 @@ this registry rather than the library's global one.
 
 from __future__ import annotations
 
-import importlib.metadata
 from dataclasses import dataclass
 from typing import Final, get_args
 
@@ -25,7 +24,7 @@ from prometheus_client import (
     ProcessCollector,
 )
 
-import narwhal
+from narwhal import installed_version
 from narwhal.errors import Outcome
 from narwhal.observability.exposition import Exposition
 from narwhal.protocol.requests import Route
@@ -295,12 +294,3 @@ class RouterMetrics:
 
 
 # The distribution's name on the package index: "narwhal" there is an unrelated project.
-DISTRIBUTION: Final = "narwhal-router"
-
-
-def installed_version() -> str:
-    """The installed distribution's version (pyproject's), else the package's own."""
-    try:
-        return importlib.metadata.version(DISTRIBUTION)
-    except importlib.metadata.PackageNotFoundError:  # run from a source tree
-        return narwhal.__version__
