@@ -16,7 +16,7 @@ from typing import Any
 
 import yaml
 
-_URL = re.compile(rb"listening on (https?://\S+)")
+_URL = re.compile(rb"listening on (https?://[^\s\"]+)")
 
 
 class NarwhalProcess:

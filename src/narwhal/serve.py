@@ -42,7 +42,7 @@ from narwhal.config import (
     load_config,
     section_problems,
 )
-from narwhal.observability.logs import configure_logging
+from narwhal.observability.logs import announcement, configure_logging
 from narwhal.ops.shutdown import Shutdown
 from narwhal.router import Router
 
@@ -90,9 +90,12 @@ def run(args: argparse.Namespace) -> int:
     def with_flags(config: Config) -> Config:
         return _with_flags(_with_serving(config, overrides), args)
 
+    log_format: str = args.log_format or "text"  # until the configuration says
     try:
         config = None if not args.config else with_flags(load_config(args.config))
-        configure_logging(_logging(config.logging if config else LoggingConfig(), args))
+        logging_config = _logging(config.logging if config else LoggingConfig(), args)
+        log_format = logging_config.format
+        configure_logging(logging_config)
         if config is None:
             run_event_loop(lambda: serve_embedded(with_flags))
         else:
@@ -105,10 +108,11 @@ def run(args: argparse.Namespace) -> int:
             run_event_loop(lambda: serve_forever(config, source))
     except ConfigError as e:
         for problem in e.problems:
-            print(f"error: {problem}", file=sys.stderr)
+            line = announcement(f"error: {problem}", log_format, level="ERROR")
+            print(line, file=sys.stderr)
         return 2
     except CannotListen as e:
-        print(f"error: {e}", file=sys.stderr)
+        print(announcement(f"error: {e}", log_format, level="ERROR"), file=sys.stderr)
         return 2
     return 0
 
@@ -231,7 +235,9 @@ async def _serve_on(
         scheme = "http" if tls is None else "https"
         host = config.serving.host
         shown = f"[{host}]" if ":" in host else host
-        print(f"narwhal listening on {scheme}://{shown}:{port}", flush=True)
+        url = f"{scheme}://{shown}:{port}"
+        listening = announcement(f"narwhal listening on {url}", config.logging.format, url=url)
+        print(listening, flush=True)
 
         router.reloaded.append(lambda new: runner.set_head_timeout(head_timeout_s(new.serving)))
         shutdown = Shutdown(router, runner)
@@ -240,7 +246,7 @@ async def _serve_on(
         await shutdown.requested()
         await shutdown.hold_listener()
         shutdown.start_draining()
-        print("narwhal draining", flush=True)
+        print(announcement("narwhal draining", config.logging.format), flush=True)
     finally:
         # Closes the listener, waits for the requests in flight (until the drain deadline
         # has ended them), then the engine clients and probes close. Also after a failed

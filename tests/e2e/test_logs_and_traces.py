@@ -5,16 +5,18 @@ pair) unchanged or not at all, and no prompt or output in the log."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 from tests.e2e.conftest import Reply, Start, chat, completion, fleet_config, send, sim_process
-from tests.processes import NarwhalProcess, narwhal_process, router_process
+from tests.processes import NarwhalProcess, narwhal_process, router_process, write_router_config
 
 TRACEPARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
 TRACESTATE = "congo=t61rcWkgMzE,rojo=00f067aa0ba902b7"
@@ -253,3 +255,47 @@ def test_otlp_endpoint_must_be_a_url() -> None:
         "error: tracing.otlp_endpoint: expected an http:// or https:// URL of an OTLP/HTTP "
         'collector, got "collector"'
     )
+
+
+async def test_under_json_every_line_the_process_writes_is_json(tmp_path: Path) -> None:
+    """Container logs mix stdout and stderr: with `--log-format json` the lines outside the
+    log (listening, draining, a configuration error) are JSON objects too, and the process
+    exits once its last line is out."""
+    path = tmp_path / "narwhal.yaml"
+    serve = [sys.executable, "-m", "narwhal", "serve", "--config", str(path), "--log-format"]
+    with sim_process("--time-scale", "0") as sim:
+        write_router_config(path, fleet_config([("e0", sim, "vllm")]))
+        proc = await asyncio.to_thread(
+            subprocess.Popen,
+            [*serve, "json"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=dict(os.environ, PYTHONUNBUFFERED="1"),
+        )
+        try:
+            assert proc.stdout is not None
+            first = json.loads(await asyncio.to_thread(proc.stdout.readline))
+            url = first["url"]
+            assert first["message"] == f"narwhal listening on {url}"
+            reply = await send(url, chat(max_tokens=4))
+            assert reply.status == 200, reply.raw
+            proc.send_signal(signal.SIGTERM)
+            out, err = await asyncio.to_thread(proc.communicate, timeout=30)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                await asyncio.to_thread(proc.communicate)
+    assert proc.returncode == 0
+    stdout = [json.loads(line) for line in out.decode().splitlines() if line]
+    assert [line["message"] for line in stdout] == ["narwhal draining"]
+    stderr = [json.loads(line) for line in err.decode().splitlines() if line]
+    assert stderr and all({"ts", "level", "logger", "message"} <= set(line) for line in stderr)
+
+    path.write_text("model: m\nengines: []\nserving: {port: many}\n")
+    checked = await asyncio.to_thread(
+        subprocess.run, [*serve, "json"], capture_output=True, timeout=60
+    )
+    assert checked.returncode == 2 and not checked.stdout
+    errors = [json.loads(line) for line in checked.stderr.decode().splitlines() if line]
+    assert errors and all(line["level"] == "ERROR" for line in errors)
+    assert any("serving.port" in line["message"] for line in errors), errors

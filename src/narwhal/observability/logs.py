@@ -82,6 +82,25 @@ def _second(seconds: int) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(seconds))
 
 
+def announcement(message: str, log_format: str, *, level: str = "INFO", **fields: Any) -> str:
+    """A line the process writes outside its logs (`narwhal listening on URL` on stdout, a
+    configuration error on stderr before logging is set up), in the log's format: under
+    `--log-format json` every line the process writes is a JSON object, with the
+    message's parts as fields of their own (`url`), so a collector reading container
+    logs never meets a line it cannot parse."""
+    if log_format != "json":
+        return message
+    now = time.time()
+    entry: dict[str, Any] = {
+        "ts": rfc3339(now),
+        "level": level,
+        "logger": "narwhal",
+        "message": message,
+        **fields,
+    }
+    return _encoder.encode(entry).decode()
+
+
 def configure_logging(config: LoggingConfig, stream: TextIO | None = None) -> None:
     """Send every log record at `config.level` and above to `stream` (stderr) in
     `config.format`, replacing whatever handlers the root logger had."""
