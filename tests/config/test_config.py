@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from narwhal.config import ConfigError, TracingConfig, parse_config, resolve_secrets
+from narwhal.config import ConfigError, TracingConfig, parse_config, read_config, resolve_secrets
 
 MINIMAL = "model: m\nengines: [{name: e0, url: 'http://127.0.0.1:8100'}]\n"
 
@@ -242,7 +242,45 @@ def test_every_problem_in_the_file_is_reported_not_only_the_first() -> None:
         'admission.mode: expected one of "open", "predictive", got "closed"',
         "extra: unknown key (expected one of: " + ", ".join(CONFIG_KEYS) + ")",
         "fleet.stale_after_s: must be at least fleet.probe_interval_s (2.0), got 1.0",
+        # (the engine's other problem does not hide its URL's)
+        'engines.1.url: expected an http:// or https:// URL, got "ftp://h:2"',
     )
+
+
+def test_an_engine_url_ending_in_v1_is_refused_with_its_base_named() -> None:
+    """The OpenAI client habit (base_url ".../v1") would send /v1/v1/chat/completions."""
+    problems = _problems(
+        "model: m\n"
+        "engines:\n"
+        "  - {name: a, url: 'http://10.0.0.1:8000/v1'}\n"
+        "  - {name: b, url: 'https://gpu.example/serving/v1/'}\n"
+        "  - {name: c, url: 'http://10.0.0.3:8000/proxy'}\n"  # a path prefix is fine
+    )
+    assert problems == (
+        "engines.0.url: ends in /v1, which Narwhal adds itself (and /health, /metrics, "
+        '/tokenize beside it): give the engine\'s base URL, "http://10.0.0.1:8000"',
+        "engines.1.url: ends in /v1, which Narwhal adds itself (and /health, /metrics, "
+        '/tokenize beside it): give the engine\'s base URL, "https://gpu.example/serving"',
+    )
+
+
+def test_a_misspelt_key_gets_the_key_it_is_closest_to() -> None:
+    (problem,) = _problems(
+        "model: m\nengines: [{name: a, url: 'http://h:1'}]\nserving: {max_retaned: 5}\n"
+    )
+    assert problem.startswith('serving.max_retaned: unknown key (did you mean "max_retained"? ')
+    (far,) = _problems("model: m\nengines: [{name: a, url: 'http://h:1'}]\ncolour: red\n")
+    assert "did you mean" not in far
+
+
+def test_a_yaml_syntax_error_names_the_file_line_and_column(tmp_path: Path) -> None:
+    path = tmp_path / "narwhal.yaml"
+    path.write_text("model: m\nengines:\n  - {name: a, url: 'http://h:1'\n")
+    with pytest.raises(ConfigError) as error:
+        read_config(str(path))
+    (problem,) = error.value.problems
+    assert problem.startswith(f"{path}:4:1: invalid YAML: expected ',' or '}}'"), problem
+    assert "(while parsing a flow mapping at line 3, column 5)" in problem
 
 
 ENGINE_KEYS = [

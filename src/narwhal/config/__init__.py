@@ -302,15 +302,32 @@ def read_config(path: str) -> Config:
         raise ConfigError(f"{path}: cannot read: {e.strerror}") from e
     except UnicodeDecodeError as e:
         raise ConfigError(f"{path}: not UTF-8 text: {e.reason} at byte {e.start}") from e
-    return parse_config(text)
+    return parse_config(text, source=path)
 
 
-def parse_config(text: str) -> Config:
+def parse_config(text: str, *, source: str = "the configuration") -> Config:
+    """`source`: what the text is, for a YAML error's message (the file's path)."""
     try:
         raw = yaml.safe_load(text)
     except yaml.YAMLError as e:
-        raise ConfigError(f"invalid YAML: {e}") from e
+        raise ConfigError(_yaml_error(source, e)) from e
     return config_from_mapping(raw)
+
+
+def _yaml_error(source: str, error: yaml.YAMLError) -> str:
+    """`FILE:LINE:COLUMN: invalid YAML: what` for the place the parser gave up, as
+    editors and CI annotations read it; the parser's own text when it names no place."""
+    mark = getattr(error, "problem_mark", None)
+    problem = getattr(error, "problem", None)
+    if mark is None or problem is None:
+        return f"{source}: invalid YAML: {error}"
+    where = f"{source}:{mark.line + 1}:{mark.column + 1}"
+    context = getattr(error, "context", None)
+    context_mark = getattr(error, "context_mark", None)
+    opened = ""
+    if context is not None and context_mark is not None:
+        opened = f" ({context} at line {context_mark.line + 1}, column {context_mark.column + 1})"
+    return f"{where}: invalid YAML: {problem}{opened}"
 
 
 def config_from_mapping(raw: object) -> Config:
@@ -333,6 +350,14 @@ def config_from_mapping(raw: object) -> Config:
             if ("engines", i) not in broken
         ]
         problems += _check_engines(typed, whole=("engines",) not in broken)
+        # An engine with another problem still has its URL checked, when that is a string:
+        # one run of check-config names everything to fix in it.
+        wrong = {p.path for p in problems}
+        for i, item in enumerate(engines):
+            if ("engines", i) in broken and isinstance(item, dict):
+                url = item.get("url")
+                if isinstance(url, str) and ("engines", i, "url") not in wrong:
+                    problems += _url_problems(("engines", i, "url"), url)
     if problems:
         raise ConfigError(*(str(p) for p in problems))
     return msgspec.convert(raw, Config, strict=True)
@@ -382,14 +407,7 @@ def _check_engines(engines: Sequence[tuple[int, EngineConfig]], *, whole: bool) 
     problems: list[Problem] = []
     for i, engine in engines:
         path: Path = ("engines", i)
-        url = urlsplit(engine.url)
-        if url.scheme not in ("http", "https") or not url.hostname:
-            problems.append(
-                Problem(
-                    (*path, "url"),
-                    f"expected an http:// or https:// URL, got {json.dumps(engine.url)}",
-                )
-            )
+        problems += _url_problems((*path, "url"), engine.url)
         problems += _one_source(path, "api_key", engine)
         if engine.api_key is not None:
             problems += _secret_problems((*path, "api_key"), engine.api_key)
@@ -405,6 +423,26 @@ def _check_engines(engines: Sequence[tuple[int, EngineConfig]], *, whole: bool) 
     if "decode" in roles and "prefill" not in roles:
         problems.append(Problem(("engines",), "decode engines need at least one prefill engine"))
     return problems
+
+
+def _url_problems(path: Path, written: str) -> list[Problem]:
+    """An engine's URL is its base: scheme, host, port (and a path prefix where a proxy
+    puts it), to which Narwhal adds /v1/chat/completions, /health, /metrics ... itself. The
+    OpenAI habit of a base URL ending in /v1 would send every request to /v1/v1/..."""
+    url = urlsplit(written)
+    if url.scheme not in ("http", "https") or not url.hostname:
+        return [Problem(path, f"expected an http:// or https:// URL, got {json.dumps(written)}")]
+    prefix = url.path.rstrip("/")
+    if prefix == "/v1" or prefix.endswith("/v1"):
+        base = written.rstrip("/").removesuffix("/v1")
+        return [
+            Problem(
+                path,
+                f"ends in /v1, which Narwhal adds itself (and /health, /metrics, /tokenize "
+                f"beside it): give the engine's base URL, {json.dumps(base)}",
+            )
+        ]
+    return []
 
 
 def _duplicates(

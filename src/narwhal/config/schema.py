@@ -11,6 +11,7 @@ what msgspec accepts for the whole tree.
 
 from __future__ import annotations
 
+import difflib
 import json
 import types
 import typing
@@ -64,7 +65,10 @@ def _struct_problems(raw: object, struct: type[msgspec.Struct], path: Path) -> l
         field = fields.get(key)
         if field is None:
             allowed = ", ".join(fields)
-            problems.append(Problem((*path, str(key)), f"unknown key (expected one of: {allowed})"))
+            close = difflib.get_close_matches(str(key), list(fields), n=1, cutoff=0.75)
+            hint = f'did you mean "{close[0]}"? ' if close else ""
+            message = f"unknown key ({hint}expected one of: {allowed})"
+            problems.append(Problem((*path, str(key)), message))
         else:
             problems += type_problems(value, field.type, (*path, key))
     for name, field in fields.items():
