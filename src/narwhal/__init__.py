@@ -1,7 +1,5 @@
 """Narwhal: an SLO-aware HTTP router for OpenAI-compatible LLM inference engines."""
 
-import importlib.metadata
-
 __version__ = "0.1.0"
 DISTRIBUTION = "narwhal-router"  # the name on the package index (`narwhal` is another's)
 
@@ -9,6 +7,10 @@ DISTRIBUTION = "narwhal-router"  # the name on the package index (`narwhal` is a
 def installed_version() -> str:
     """The installed distribution's version (pyproject's), else the package's own: what
     `narwhal --version` prints and `narwhal_build_info{version}` carries."""
+    # Imported here: importlib.metadata loads sockets and email parsing, which importing
+    # the sans-IO protocol package (and so this one) must not.
+    import importlib.metadata
+
     try:
         return importlib.metadata.version(DISTRIBUTION)
     except importlib.metadata.PackageNotFoundError:  # run from a source tree
