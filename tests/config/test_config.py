@@ -264,6 +264,23 @@ def test_an_engine_url_ending_in_v1_is_refused_with_its_base_named() -> None:
     )
 
 
+def test_a_generic_server_cannot_be_half_of_a_disaggregated_pair() -> None:
+    """The prefill/decode handshake is vLLM's `kv_transfer_params` (SGLang takes it too):
+    an `openai` engine would be sent a field it refuses, on every request."""
+    problems = _problems(
+        "model: m\n"
+        "engines:\n"
+        "  - {name: p, url: 'http://h:1', dialect: openai, role: prefill}\n"
+        "  - {name: d, url: 'http://h:2', dialect: sglang, role: decode}\n"
+        "  - {name: o, url: 'http://h:3', dialect: openai}\n"
+    )
+    assert problems == (
+        "engines.0.role: a prefill engine takes the prefill/decode handshake "
+        "(kv_transfer_params: dialect vllm or sglang), which dialect openai has not; "
+        "give it role both",
+    )
+
+
 def test_a_misspelt_key_gets_the_key_it_is_closest_to() -> None:
     (problem,) = _problems(
         "model: m\nengines: [{name: a, url: 'http://h:1'}]\nserving: {max_retaned: 5}\n"

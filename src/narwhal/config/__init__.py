@@ -29,7 +29,7 @@ from narwhal.config.credentials import (
 )
 from narwhal.config.schema import Path, Problem, type_problems
 from narwhal.protocol.assembly import DEFAULT_MAX_RESPONSE_BYTES
-from narwhal.protocol.dialects import Dialect
+from narwhal.protocol.dialects import Dialect, capabilities
 from narwhal.protocol.sse import DEFAULT_MAX_EVENT_BYTES
 
 NonNegativeInt = Annotated[int, Meta(ge=0)]
@@ -408,6 +408,15 @@ def _check_engines(engines: Sequence[tuple[int, EngineConfig]], *, whole: bool) 
     for i, engine in engines:
         path: Path = ("engines", i)
         problems += _url_problems((*path, "url"), engine.url)
+        if engine.role != "both" and not capabilities(engine.dialect).disaggregates:
+            problems.append(
+                Problem(
+                    (*path, "role"),
+                    f"a {engine.role} engine takes the prefill/decode handshake "
+                    f"(kv_transfer_params: dialect vllm or sglang), which dialect "
+                    f"{engine.dialect} has not; give it role both",
+                )
+            )
         problems += _one_source(path, "api_key", engine)
         if engine.api_key is not None:
             problems += _secret_problems((*path, "api_key"), engine.api_key)

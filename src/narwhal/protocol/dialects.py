@@ -76,6 +76,12 @@ class DialectCapabilities:
     non-streaming client's such request goes to it unstreamed (`unstreamed.py`)."""
 
     @property
+    def disaggregates(self) -> bool:
+        """The engine takes the prefill/decode handshake (`kv_transfer_params`, PROTOCOL.md
+        §4): it may be one half of a disaggregated pair."""
+        return "kv_transfer_params" in self.vllm_fields
+
+    @property
     def token_accounting(self) -> TokenAccounting:
         """How the engine has its output counted, as /admin/engines reports it
         (DESIGN.md §3): `token_ids` when it gives validated per-event token IDs on every
