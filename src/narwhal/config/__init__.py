@@ -3,16 +3,15 @@
 Every default is declared once, on its field. Unknown keys are errors, and every error
 names the key by its dotted path and says what was expected, for example
 `admission.queue_limit: expected int >= 0, got "ten"`; a file is checked whole, and
-`ConfigError` holds every problem found (`schema.py` for types, `_check_*` below for what
+`ConfigError` holds every problem found (`schema.py` for types, `checks.py` for what
 types cannot say). I/O here is reading the file and the secrets it names
 (`resolve_secrets`: environment variables and files, `credentials.py`).
 """
 
 from __future__ import annotations
 
-import json
 import os
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Mapping
 from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
@@ -20,16 +19,16 @@ import msgspec
 import yaml
 from msgspec import Meta, Struct
 
+from narwhal.config.checks import SECTION_CHECKS, check_engines, url_problems
 from narwhal.config.credentials import (
     SecretError,
     from_env,
     from_file,
     key_list_from_file,
-    secret_problem,
 )
 from narwhal.config.schema import Path, Problem, type_problems
 from narwhal.protocol.assembly import DEFAULT_MAX_RESPONSE_BYTES
-from narwhal.protocol.dialects import Dialect, capabilities
+from narwhal.protocol.dialects import Dialect
 from narwhal.protocol.sse import DEFAULT_MAX_EVENT_BYTES
 
 NonNegativeInt = Annotated[int, Meta(ge=0)]
@@ -338,7 +337,7 @@ def config_from_mapping(raw: object) -> Config:
         raise ConfigError("the configuration must be a mapping of keys (model, engines, ...)")
     problems = type_problems(raw, Config)
     broken = {p.path[:1] for p in problems} | {p.path[:2] for p in problems}
-    for name, check in _SECTION_CHECKS.items():
+    for name, check in SECTION_CHECKS.items():
         if name in raw and (name,) not in broken:
             section = msgspec.convert(raw[name], _FIELD_TYPES[name], strict=True)
             problems += check(section)
@@ -349,7 +348,7 @@ def config_from_mapping(raw: object) -> Config:
             for i, item in enumerate(engines)
             if ("engines", i) not in broken
         ]
-        problems += _check_engines(typed, whole=("engines",) not in broken)
+        problems += check_engines(typed, whole=("engines",) not in broken)
         # An engine with another problem still has its URL checked, when that is a string:
         # one run of check-config names everything to fix in it.
         wrong = {p.path for p in problems}
@@ -357,7 +356,7 @@ def config_from_mapping(raw: object) -> Config:
             if ("engines", i) in broken and isinstance(item, dict):
                 url = item.get("url")
                 if isinstance(url, str) and ("engines", i, "url") not in wrong:
-                    problems += _url_problems(("engines", i, "url"), url)
+                    problems += url_problems(("engines", i, "url"), url)
     if problems:
         raise ConfigError(*(str(p) for p in problems))
     return msgspec.convert(raw, Config, strict=True)
@@ -383,203 +382,14 @@ def config_to_builtins(config: Config) -> dict[str, Any]:
     return result
 
 
-# --- what types cannot express ---------------------------------------------------------------
-
-
-def _check_serving(serving: ServingConfig) -> list[Problem]:
-    path: Path = ("serving",)
-    problems = _one_source(path, "admin_token", serving)
-    if serving.admin_token is not None:
-        problems += _secret_problems((*path, "admin_token"), serving.admin_token)
-    for i, key in enumerate(serving.api_keys):
-        problems += _secret_problems((*path, "api_keys", i), key)
-    if serving.tls_cert is not None and serving.tls_key is None:
-        problems.append(Problem((*path, "tls_key"), "required with serving.tls_cert (HTTPS)"))
-    if serving.tls_key is not None and serving.tls_cert is None:
-        problems.append(Problem((*path, "tls_cert"), "required with serving.tls_key (HTTPS)"))
-    return problems
-
-
-def _check_engines(engines: Sequence[tuple[int, EngineConfig]], *, whole: bool) -> list[Problem]:
-    """Each well-typed engine's own checks, and names and URLs unique among them; with the
-    `whole` list well typed, the fleet's too: at least one engine, and a disaggregated
-    fleet with both halves."""
-    problems: list[Problem] = []
-    for i, engine in engines:
-        path: Path = ("engines", i)
-        problems += _url_problems((*path, "url"), engine.url)
-        if engine.role != "both" and not capabilities(engine.dialect).disaggregates:
-            problems.append(
-                Problem(
-                    (*path, "role"),
-                    f"a {engine.role} engine takes the prefill/decode handshake "
-                    f"(kv_transfer_params: dialect vllm or sglang), which dialect "
-                    f"{engine.dialect} has not; give it role both",
-                )
-            )
-        problems += _one_source(path, "api_key", engine)
-        if engine.api_key is not None:
-            problems += _secret_problems((*path, "api_key"), engine.api_key)
-    problems += _duplicates(engines, "name", lambda e: e.name)
-    problems += _duplicates(engines, "url", _engine_address)
-    if not whole:
-        return problems
-    if not engines:
-        problems.append(Problem(("engines",), "at least one engine is required"))
-    roles = {engine.role for _, engine in engines}
-    if "prefill" in roles and "decode" not in roles:
-        problems.append(Problem(("engines",), "prefill engines need at least one decode engine"))
-    if "decode" in roles and "prefill" not in roles:
-        problems.append(Problem(("engines",), "decode engines need at least one prefill engine"))
-    return problems
-
-
-def _url_problems(path: Path, written: str) -> list[Problem]:
-    """An engine's URL is its base: scheme, host, port (and a path prefix where a proxy
-    puts it), to which Narwhal adds /v1/chat/completions, /health, /metrics ... itself. The
-    OpenAI habit of a base URL ending in /v1 would send every request to /v1/v1/..."""
-    url = urlsplit(written)
-    if url.scheme not in ("http", "https") or not url.hostname:
-        return [Problem(path, f"expected an http:// or https:// URL, got {json.dumps(written)}")]
-    prefix = url.path.rstrip("/")
-    if prefix == "/v1" or prefix.endswith("/v1"):
-        base = written.rstrip("/").removesuffix("/v1")
-        return [
-            Problem(
-                path,
-                f"ends in /v1, which Narwhal adds itself (and /health, /metrics, /tokenize "
-                f"beside it): give the engine's base URL, {json.dumps(base)}",
-            )
-        ]
-    return []
-
-
-def _duplicates(
-    engines: Iterable[tuple[int, EngineConfig]], key: str, identity: Callable[[EngineConfig], str]
-) -> list[Problem]:
-    """Engines after the first with the same `identity` (its `key` shown)."""
-    first: dict[str, tuple[int, EngineConfig]] = {}
-    problems: list[Problem] = []
-    for i, engine in engines:
-        j, earlier = first.setdefault(identity(engine), (i, engine))
-        if j != i:
-            value = json.dumps(getattr(engine, key))
-            message = f"duplicate engine {key} {value} (engines.{j}, {earlier.name}, has it)"
-            problems.append(Problem(("engines", i, key), message))
-    return problems
-
-
-def _engine_address(engine: EngineConfig) -> str:
-    """One engine's URL however it is written: scheme and host in any case, the default
-    port written or not, a trailing slash or not."""
-    url = urlsplit(engine.url)
-    try:
-        port = url.port or {"http": 80, "https": 443}.get(url.scheme.lower())
-    except ValueError:  # a port that is not a number: the URL is its own identity
-        return engine.url
-    return f"{url.scheme.lower()}://{(url.hostname or '').lower()}:{port}{url.path.rstrip('/')}"
-
-
-def _check_fleet(fleet: FleetConfig) -> list[Problem]:
-    problems = []
-    if fleet.stale_after_s < fleet.probe_interval_s:
-        problems.append(
-            Problem(
-                ("fleet", "stale_after_s"),
-                f"must be at least fleet.probe_interval_s ({fleet.probe_interval_s}), "
-                f"got {fleet.stale_after_s}",
-            )
-        )
-    sizes = fleet.probe_prompt_tokens
-    if sizes is not None and len(set(sizes)) < 2:
-        problems.append(
-            Problem(
-                ("fleet", "probe_prompt_tokens"),
-                "must hold at least two different lengths (the prefill fit needs short and "
-                f"long prompts), got {list(sizes)}",
-            )
-        )
-    return problems
-
-
-def _check_ha(ha: HAConfig) -> list[Problem]:
-    if ha.backend != "etcd":
-        return []
-    if not ha.endpoints:
-        return [Problem(("ha", "endpoints"), "required when ha.backend is etcd")]
-    problems: list[Problem] = []
-    for i, endpoint in enumerate(ha.endpoints):
-        url = urlsplit(endpoint)
-        if url.scheme not in ("http", "https") or not url.hostname:
-            problems.append(
-                Problem(
-                    ("ha", "endpoints", i),
-                    "expected an http:// or https:// URL of an etcd client port, "
-                    f"got {json.dumps(endpoint)}",
-                )
-            )
-    if ha.margin >= ha.lease_ttl_s:
-        problems.append(
-            Problem(
-                ("ha", "fence_margin_s"),
-                f"must be below ha.lease_ttl_s ({ha.lease_ttl_s}), got {ha.margin:g}",
-            )
-        )
-    elif ha.renew_interval >= ha.lease_ttl_s - ha.margin:
-        problems.append(
-            Problem(
-                ("ha", "renew_interval_s"),
-                "must be below ha.lease_ttl_s - ha.fence_margin_s "
-                f"({ha.lease_ttl_s - ha.margin:g} s), so that a renewal comes before the "
-                f"leader fences itself; got {ha.renew_interval:g}",
-            )
-        )
-    return problems
-
-
-def _check_tracing(tracing: TracingConfig) -> list[Problem]:
-    endpoint = tracing.otlp_endpoint
-    if endpoint is None:
-        return []
-    url = urlsplit(endpoint)
-    if url.scheme in ("http", "https") and url.hostname:
-        return []
-    return [
-        Problem(
-            ("tracing", "otlp_endpoint"),
-            "expected an http:// or https:// URL of an OTLP/HTTP collector, "
-            f"got {json.dumps(endpoint)}",
-        )
-    ]
-
-
-_SECTION_CHECKS: dict[str, Callable[[Any], list[Problem]]] = {
-    "serving": _check_serving,
-    "fleet": _check_fleet,
-    "ha": _check_ha,
-    "tracing": _check_tracing,
-}
 _FIELD_TYPES: dict[str, Any] = {f.encode_name: f.type for f in msgspec.structs.fields(Config)}
 
 
 def section_problems(name: str, section: Struct) -> list[str]:
     """What the checks of section `name` find in `section` when its values come from
     elsewhere than the file (command-line flags), one problem a string."""
-    check = _SECTION_CHECKS.get(name)
+    check = SECTION_CHECKS.get(name)
     return [] if check is None else [str(p) for p in check(section)]
-
-
-def _one_source(path: Path, key: str, section: Struct) -> list[Problem]:
-    """At most one of `key`, `key_env` and `key_file` may be set."""
-    given = [k for k in (key, f"{key}_env", f"{key}_file") if getattr(section, k) is not None]
-    if len(given) <= 1:
-        return []
-    return [Problem((*path, given[1]), f"give only one of {', '.join(given)}")]
-
-
-def _secret_problems(path: Path, value: str) -> list[Problem]:
-    problem = secret_problem(value)
-    return [] if problem is None else [Problem(path, problem)]
 
 
 # --- reading the secrets the configuration names ---------------------------------------------
