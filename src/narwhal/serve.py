@@ -108,11 +108,11 @@ def run(args: argparse.Namespace) -> int:
             run_event_loop(lambda: serve_forever(config, source))
     except ConfigError as e:
         for problem in e.problems:
-            line = announcement(f"error: {problem}", log_format, level="ERROR")
+            line = announcement(f"error: {problem}", log_format, level=logging.ERROR)
             print(line, file=sys.stderr)
         return 2
     except CannotListen as e:
-        print(announcement(f"error: {e}", log_format, level="ERROR"), file=sys.stderr)
+        print(announcement(f"error: {e}", log_format, level=logging.ERROR), file=sys.stderr)
         return 2
     return 0
 

@@ -82,23 +82,29 @@ def _second(seconds: int) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(seconds))
 
 
-def announcement(message: str, log_format: str, *, level: str = "INFO", **fields: Any) -> str:
+class _Announced(StructuredMessage):
+    __slots__ = ("_fields", "message")
+
+    def __init__(self, message: str, fields: dict[str, Any]) -> None:
+        self.message = message
+        self._fields = fields
+
+    def fields(self) -> dict[str, Any]:
+        return self._fields
+
+
+def announcement(message: str, log_format: str, *, level: int = logging.INFO, **fields: Any) -> str:
     """A line the process writes outside its logs (`narwhal listening on URL` on stdout, a
     configuration error on stderr before logging is set up), in the log's format: under
-    `--log-format json` every line the process writes is a JSON object, with the
-    message's parts as fields of their own (`url`), so a collector reading container
-    logs never meets a line it cannot parse."""
+    `--log-format json` every line the process writes is a JSON object, the log's own
+    shape (`JsonFormatter`), with the message's parts as fields of their own (`url`), so a
+    collector reading container logs never meets a line it cannot parse."""
     if log_format != "json":
         return message
-    now = time.time()
-    entry: dict[str, Any] = {
-        "ts": rfc3339(now),
-        "level": level,
-        "logger": "narwhal",
-        "message": message,
-        **fields,
-    }
-    return _encoder.encode(entry).decode()
+    record = logging.LogRecord(
+        "narwhal", level, __file__, 0, _Announced(message, fields), None, None
+    )
+    return JsonFormatter().format(record)
 
 
 def configure_logging(config: LoggingConfig, stream: TextIO | None = None) -> None:
