@@ -14,7 +14,6 @@ from narwhal.protocol.dialects import (
     VLLM_ONLY_FIELDS,
     Dialect,
     capabilities,
-    token_accounting,
 )
 from narwhal.protocol.events import Route
 from narwhal.sim.cli import add_arguments
@@ -86,7 +85,7 @@ def test_null_fields_as_each_engine_writes_them() -> None:
 def test_token_accounting_is_token_ids_only_where_every_route_has_them() -> None:
     """What /admin/engines reports: SGLang has per-event IDs on one route only, so its
     accounting is not by IDs throughout."""
-    assert {d: token_accounting(d) for d in DIALECTS} == {
+    assert {d: capabilities(d).token_accounting for d in DIALECTS} == {
         "vllm": "token_ids",
         "sglang": "unavailable",
         "openai": "unavailable",

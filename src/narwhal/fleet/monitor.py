@@ -34,7 +34,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
-import re
 import time
 from collections.abc import Callable, Sequence
 from typing import Any, Final
@@ -56,20 +55,18 @@ from narwhal.fleet.probe import (
 )
 from narwhal.fleet.scrape import EngineScrape
 from narwhal.fleet.state import EngineHealth, HealthCheck, MetricsFailure, ScrapeResult
-from narwhal.protocol.dialects import DialectCapabilities, capabilities, for_engine
+from narwhal.protocol.dialects import (
+    TOKEN_IDS_SINCE,
+    DialectCapabilities,
+    capabilities,
+    for_engine,
+    vllm_supplies_token_ids,
+)
 
 log = logging.getLogger(__name__)
+
+
 # vLLM's first release with `return_token_ids` (PROTOCOL.md §1).
-_FIRST_WITH_TOKEN_IDS: Final = (0, 10, 2)
-_RELEASE = re.compile(r"(\d+)\.(\d+)\.(\d+)")
-
-
-def _release(version: str) -> tuple[int, ...] | None:
-    """(major, minor, patch) of a version string such as "0.10.2rc1" or "0.33.0+cu128"."""
-    match = _RELEASE.match(version)
-    return None if match is None else tuple(int(part) for part in match.groups())
-
-
 class _Engine:
     __slots__ = ("base_url", "config", "headers", "placeable", "state")
 
@@ -366,11 +363,7 @@ class FleetMonitor:
         version = None if isinstance(answer, Oversized) else answer
         state = engine.state
         state.version = version
-        state.supplies_token_ids = None
-        release = None if version is None else _release(version)
-        # (None, or a build we cannot read, or a placeholder: its requests will tell.)
-        if release is not None and release != (0, 0, 0):
-            state.supplies_token_ids = release >= _FIRST_WITH_TOKEN_IDS
+        state.supplies_token_ids = None if version is None else vllm_supplies_token_ids(version)
         state.capabilities = for_engine(
             engine.config.dialect, supplies_token_ids=state.supplies_token_ids
         )
@@ -382,7 +375,7 @@ class FleetMonitor:
                 "per-token accounting.",
                 engine.config.name,
                 version,
-                ".".join(map(str, _FIRST_WITH_TOKEN_IDS)),
+                ".".join(map(str, TOKEN_IDS_SINCE)),
             )
 
     async def _check(self, engine: _Engine) -> HealthCheck:

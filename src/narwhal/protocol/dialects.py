@@ -14,6 +14,7 @@ comes from.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, replace
 from typing import Final, Literal, get_args
 
@@ -143,6 +144,22 @@ def capabilities(dialect: Dialect) -> DialectCapabilities:
     return _TABLE[dialect]
 
 
+TOKEN_IDS_SINCE: Final = (0, 10, 2)
+"""The vLLM release that brought `return_token_ids` (PROTOCOL.md §1)."""
+_RELEASE: Final = re.compile(r"(\d+)\.(\d+)\.(\d+)")
+
+
+def vllm_supplies_token_ids(version: str) -> bool | None:
+    """Whether a vLLM reporting `version` (its GET /version: "0.10.2rc1", "0.9.2+cu126")
+    gives token IDs; None when the string is no release (a custom build, a placeholder
+    such as "0.0.0-mock"): its requests will tell."""
+    match = _RELEASE.match(version)
+    if match is None:
+        return None
+    release = tuple(int(part) for part in match.groups())
+    return None if release == (0, 0, 0) else release >= TOKEN_IDS_SINCE
+
+
 def for_engine(dialect: Dialect, *, supplies_token_ids: bool | None = None) -> DialectCapabilities:
     """One engine's capabilities: its dialect's, less what the engine said it lacks.
     `supplies_token_ids`: what its GET /version said (`version_gates_token_ids`): a vLLM
@@ -158,8 +175,3 @@ def for_engine(dialect: Dialect, *, supplies_token_ids: bool | None = None) -> D
             vllm_fields=engine.vllm_fields - {"return_token_ids"},
         )
     return engine
-
-
-def token_accounting(dialect: Dialect) -> TokenAccounting:
-    """`DialectCapabilities.token_accounting` of `dialect`."""
-    return capabilities(dialect).token_accounting

@@ -8,25 +8,13 @@ and the in-process API takes the same object. Defaults model one H100 serving an
 
 from __future__ import annotations
 
-import itertools
 from dataclasses import dataclass, field
 from typing import Any, Literal, get_args
 
-from narwhal.protocol.dialects import Dialect
+from narwhal.protocol.dialects import Dialect, vllm_supplies_token_ids
 from narwhal.sim.discipline import PrefillDiscipline
 
 Role = Literal["both", "prefill", "decode"]
-
-
-def _release(version: str) -> tuple[int, ...]:
-    """(major, minor, patch) of "0.9.2+cu126", "0.10.1.1" or "0.33.0rc1"; () unreadable."""
-    parts = []
-    for part in version.split(".")[:3]:
-        digits = "".join(itertools.takewhile(str.isdigit, part))
-        if not digits:
-            break
-        parts.append(int(digits))
-    return tuple(parts)
 
 
 def _help(text: str) -> dict[str, Any]:
@@ -284,8 +272,12 @@ class SimOptions:
     @property
     def predates_token_ids(self) -> bool:
         """A vLLM reporting a release before `return_token_ids` (0.10.2): it sends none."""
-        release = _release(self.vllm_version or "")
-        return self.dialect == "vllm" and bool(release) and release < (0, 10, 2)
+        version = self.vllm_version
+        return (
+            self.dialect == "vllm"
+            and version is not None
+            and vllm_supplies_token_ids(version) is False
+        )
 
     @property
     def num_gpu_blocks(self) -> int:
