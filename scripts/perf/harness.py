@@ -303,6 +303,24 @@ class Processes(contextlib.AbstractContextManager["Processes"]):
         self.stop_process(process)
         raise RuntimeError(f"{name} did not start ({' '.join(args)}):\n{tail(log_path)}")
 
+    def start_foreign(self, name: str, argv: Sequence[str], url: str, ready_path: str) -> Server:
+        """Start another program (a peer router) that serves `url`, and wait until
+        GET url + ready_path answers 200."""
+        log_path = self.log_dir / f"{name}.log"
+        with open(log_path, "wb") as out:
+            process = subprocess.Popen(
+                list(argv),
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                preexec_fn=_raise_nofile,
+            )
+        self._started.append(process)
+        server = Server(name, process, url, log_path)
+        wait_http(url + ready_path, server)
+        return server
+
     def stop(self, server: Server) -> None:
         self.stop_process(server.process)
 

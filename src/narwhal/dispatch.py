@@ -118,12 +118,14 @@ class Dispatcher:
         prompt_counted: Callable[[Route, PromptSize, int], None] | None = None,
         engine_count: EngineCount | None = None,
         drain: Drain | None = None,
+        admitted: Callable[[str, float, float], None] | None = None,
     ) -> None:
         """`check`, `lengths`: predictive admission (the TTFT check, output-length
         learning); `prompt_counted`: told the engine's count of each sized prompt;
         `engine_count`: an engine's count of a prompt whose estimate could flip the
         check, within a bounded wait (`WorkloadSizer.engine_count`); `drain`: the
-        shutdown's drain deadline, which ends attempts still running."""
+        shutdown's drain deadline, which ends attempts still running; `admitted(tenant,
+        work, now)`: told of each request admitted (the tenants' shares)."""
         self.drain = drain or Drain()
         self._config = config
         self.metrics = metrics
@@ -136,7 +138,13 @@ class Dispatcher:
         self._lengths = lengths
         self._prompt_counted = prompt_counted
         self.prompts = PromptAdmission(
-            config, registry, scheduler, check=check, lengths=lengths, engine_count=engine_count
+            config,
+            registry,
+            scheduler,
+            check=check,
+            lengths=lengths,
+            engine_count=engine_count,
+            admitted=admitted,
         )
         self._first_event_times = FirstEventTimes()
         self.reconfigure(config)
@@ -202,11 +210,19 @@ class Dispatcher:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + (context.deadline - time.monotonic())
         self.gate.hold()
-        ticket = Ticket(self.prompts.placement_request(request, context))
+        ticket = Ticket(
+            self.prompts.placement_request(request, context),
+            priority=context.priority,
+            tenant=context.tenant,
+            deadline=context.deadline,
+        )
         leased = False
         try:
-            queued = self.gate.controller.queue
-            await self.prompts.check_budget(request, context, ticket, lambda: len(queued))
+            queue = self.gate.controller.queue
+            # The queued work that will run before it: its own class's and those above.
+            await self.prompts.check_budget(
+                request, context, ticket, lambda: queue.ahead(ticket.priority)
+            )
             result = await self._attempts(request, context, ticket, deadline)
             leased = isinstance(result, StreamLease)
             return result
@@ -309,7 +325,9 @@ class Dispatcher:
         try:
             try:
                 async with self.drain.timeout_at(deadline):
-                    body = upstream_body(request, engine, streamed=not whole)
+                    body = upstream_body(
+                        request, engine, streamed=not whole, priority=ticket.priority
+                    )
                     if plan.prefill is not None:
                         sent = time.monotonic()
                         with placement.child(

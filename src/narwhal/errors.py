@@ -11,6 +11,7 @@
     ├── RequestTooLarge                413 request_too_large            outcome: invalid
     ├── UnsupportedMediaType           415 not JSON (Content-Type), or compressed (Content-Encoding)
     ├── CapacityRejected               429 rate_limit_exceeded          outcome: rejected
+    │   └── TenantQuotaExceeded        429 tenant_quota_exceeded        outcome: rejected
     ├── TtftBudgetExceeded             429 ttft_budget_exceeded         outcome: refused
     ├── PromptExceedsTtftBudget        429 prompt_exceeds_ttft_budget   outcome: refused
     │                                      (x-should-retry: false: the same prompt never fits)
@@ -186,6 +187,17 @@ class CapacityRejected(NarwhalError):
     def __init__(self, message: str, *, reason: str) -> None:
         super().__init__(message)
         self.reason = reason
+
+
+class TenantQuotaExceeded(CapacityRejected):
+    """A tenant's request or token rate limit (`tenants.<name>.requests_per_min`,
+    `tokens_per_min`); `Retry-After` is when its bucket holds enough again."""
+
+    code = "tenant_quota_exceeded"
+
+    def __init__(self, message: str, *, retry_after: int) -> None:
+        super().__init__(message, reason="tenant_quota")
+        self.retry_after = retry_after
 
 
 class TtftBudgetExceeded(NarwhalError):

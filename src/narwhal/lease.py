@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
+from narwhal.config import DEFAULT_TENANT
 from narwhal.engines.stream import EngineStream
 from narwhal.engines.timeouts import TimeoutPhase
 from narwhal.errors import Outcome
@@ -50,6 +52,27 @@ class RequestContext:
     engines: tuple[str, ...] = ()  # where its last attempt was placed
     served: Served | None = None  # set once an answer has gone (or is going) to the client
     upstream_timeout: TimeoutPhase | None = None  # the last phase timeout that ended an attempt
+    tenant: str = DEFAULT_TENANT  # whose request it is (its client key's tenant)
+    priority: int = 0  # its class's rank (admission.classes; 0: the highest)
+
+
+class Tenancy(Protocol):
+    """What the front asks of tenants and classes (`narwhal.admission.tenants`), by name:
+    the tenant a key's tenant is served as, the class rank a request runs at (400 for a
+    bad X-Narwhal-Priority), and its quotas (429 `tenant_quota_exceeded`): one request
+    as it is offered, its prompt's tokens once sized, its output as produced."""
+
+    def resolve(self, name: str) -> str: ...
+
+    def rank(self, name: str, header: Sequence[str]) -> int: ...
+
+    def class_name(self, rank: int) -> str: ...
+
+    def offer(self, name: str, now: float) -> None: ...
+
+    def sized(self, name: str, tokens: int, now: float) -> None: ...
+
+    def produced(self, name: str, tokens: int, now: float) -> None: ...
 
 
 @dataclass(frozen=True, slots=True)

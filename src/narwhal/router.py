@@ -30,14 +30,18 @@ import asyncio
 import logging
 import os
 import socket
+import time
 from collections.abc import Callable
+from typing import Any
 
 import aiohttp
 from aiohttp import web
 
+from narwhal.admission.classes import PriorityClasses
 from narwhal.admission.controller import Admission, PlacementListener
 from narwhal.admission.gate import AdmissionGate
 from narwhal.admission.predictive import PredictiveCheck
+from narwhal.admission.tenants import Tenants
 from narwhal.api.admin import AdminRoutes
 from narwhal.api.app import build_app
 from narwhal.api.auth import BearerTokens
@@ -117,6 +121,9 @@ class Router:
         # Called with the new configuration after each reload (the server's own settings).
         self.reloaded: list[Callable[[Config], None]] = []
         self.scheduler = Scheduler(self.registry, round_robin=round_robin, prefix=self.prefix)
+        classes = self.classes = PriorityClasses.from_config(admission)
+        self.tenants = Tenants(config.tenants, classes, time.monotonic())
+        self.metrics.class_series(classes.names, self.tenants.names)
         if predictive:
             book = self.book = ModelBook(
                 self.registry.entries,
@@ -139,6 +146,8 @@ class Router:
                 ttft_budget_s=admission.ttft_target_s,
                 refused=lambda reason: self.metrics.refused.labels(reason).inc(),
                 prefix=self.prefix,
+                classes=classes,
+                standing=self.tenants.standing,
             )
             entries = self.registry.entries
             self.metrics.registry.register(
@@ -156,6 +165,9 @@ class Router:
             prefill_limit=admission.phase_concurrency.prefill,
             decode_limit=admission.phase_concurrency.decode,
             listener=listener,
+            reserved_prefill=lambda rank: self.classes.reserved_prefill(rank),
+            weight=self.tenants.weight,
+            aging_s=classes.aging_s,
         )
         self.gate = AdmissionGate(
             self.admission, self.metrics, wait_timeout_s=admission.wait_timeout_s
@@ -193,11 +205,19 @@ class Router:
             prompt_counted=self.sizer.observe_engine_prompt_tokens,
             engine_count=self.sizer.engine_count if self.sizer.calibrating else None,
             drain=self.drain,
+            admitted=self.tenants.admitted,
         )
         self.report = EngineReport(self.registry, self.scheduler)
-        api_keys = self.api_keys = BearerTokens(config.serving.api_keys)
+        api_keys = self.api_keys = BearerTokens(config.client_keys)
         front = self.front = CompletionFront(
-            config, self.metrics, self.dispatcher, self.sizer, self.state, api_keys, self.tracer
+            config,
+            self.metrics,
+            self.dispatcher,
+            self.sizer,
+            self.state,
+            api_keys,
+            self.tenants,
+            self.tracer,
         )
         ops = OpsRoutes(
             config.model,
@@ -217,7 +237,11 @@ class Router:
         self.operator = OperatorState(self.registry, self.dispatcher.capacity_changed)
         self.reloader = ConfigReloader(source, self.reload)
         self.admin = AdminRoutes(
-            self.operator, self.report, config.serving.admin_token, reload=self.reloader.reload
+            self.operator,
+            self.report,
+            config.serving.admin_token,
+            reload=self.reloader.reload,
+            tenants=self.tenants_report,
         )
         self.admin.add_to(self.app)
         self.app.on_startup.append(self._on_startup)
@@ -337,13 +361,20 @@ class Router:
         controller.prefill_limit = admission.phase_concurrency.prefill
         controller.decode_limit = admission.phase_concurrency.decode
         self.gate.wait_timeout_s = admission.wait_timeout_s
+        # Classes keep their names (a restart-only key): shares, reserves, aging and the
+        # tenants' weights and quotas change under the requests queued, which stay.
+        classes = self.classes = PriorityClasses.from_config(admission)
+        self.tenants.reconfigure(config.tenants, classes, time.monotonic())
+        self.metrics.class_series(classes.names, self.tenants.names)
+        controller.queue.aging_s = classes.aging_s
         if self.book is not None:
             self.book.set_budget(admission.ttft_target_s)
         if self.check is not None:
             self.check.budget = admission.ttft_target_s
+            self.check.classes = classes
         if isinstance(self.scheduler.scorer, ProjectingScorer):
             self.scheduler.scorer.tpot_target_s = admission.tpot_target_s
-        self.api_keys.replace(serving.api_keys)
+        self.api_keys.replace(config.client_keys)
         self.admin.set_admin_token(serving.admin_token)
         if self.monitor is not None:
             self.monitor.reconfigure(config.fleet)
@@ -373,6 +404,25 @@ class Router:
         await self.pool.close()
         # The spans still queued go out last (in a thread: export is blocking I/O).
         await asyncio.to_thread(self.tracer.close)
+
+    def tenants_report(self) -> dict[str, Any]:
+        """GET /admin/tenants: the classes, and each tenant's share, queue and quotas."""
+        names = self.classes.names
+        queued = {
+            tenant: {names[rank]: n for rank, n in ranks.items()}
+            for tenant, ranks in self.admission.queue.by_tenant().items()
+        }
+        return {
+            "classes": [
+                {
+                    "name": name,
+                    "budget_share": round(self.classes.share(rank), 4),
+                    "reserved_prefill": self.classes.reserved[rank],
+                }
+                for rank, name in enumerate(names)
+            ],
+            "tenants": self.tenants.report(time.monotonic(), queued),
+        }
 
     def _own_requests(self, name: str) -> int:
         entry = self.registry.get(name)

@@ -364,3 +364,21 @@ def test_the_listener_hears_every_transition_once_with_its_time() -> None:
 
 def test_wakeups_is_false_when_nobody_was_woken() -> None:
     assert not Wakeups()
+
+
+def test_reserved_prefill_slots_go_only_to_their_class_and_those_above() -> None:
+    """Three slots, one reserved for critical (rank 0): standard requests take the other
+    two and the next one waits, while a critical one still finds the reserved slot; with
+    it taken, a standard one may have any slot that frees."""
+    reserved = {0: 1, 1: 0, 2: 0}
+    admission = make(prefill=3, reserved_prefill=reserved.__getitem__)
+    standard = [Ticket(PlacementRequest.sized("chat", 1), priority=1) for _ in range(3)]
+    assert admission.start(standard[0], 0.0).started == [standard[0]]
+    assert admission.start(standard[1], 0.0).started == [standard[1]]
+    assert admission.start(standard[2], 0.0).started == []  # the last slot is critical's
+    critical = Ticket(PlacementRequest.sized("chat", 1), priority=0)
+    assert admission.start(critical, 0.0).started == [critical]
+    assert admission.finish(standard[0], 0.0).started == [standard[2]]
+    admission.finish(critical, 0.0)
+    later = Ticket(PlacementRequest.sized("chat", 1), priority=2)
+    assert admission.start(later, 0.0).started == []  # free again: kept for critical

@@ -4,11 +4,13 @@ Retry-After rounding and counters, and the projection it admits with."""
 from __future__ import annotations
 
 from collections import Counter
+from dataclasses import replace
 
 import pytest
 
-from narwhal.admission.predictive import PredictiveCheck
-from narwhal.config import EngineConfig
+from narwhal.admission.classes import PriorityClasses
+from narwhal.admission.predictive import ACTIVE_CLASS_S, CLASS_HOLD_S, PredictiveCheck
+from narwhal.config import AdmissionConfig, EngineConfig
 from narwhal.errors import PromptExceedsTtftBudget, TtftBudgetExceeded
 from narwhal.fleet.state import EngineHealth
 from narwhal.models.book import ModelBook
@@ -210,3 +212,69 @@ def test_a_few_decisions_are_no_overload_whatever_they_were() -> None:
         with pytest.raises(PromptExceedsTtftBudget):
             check2.check(request(16_000), arrived=i * 0.01, now=i * 0.01, queued=0)
     assert not check2.overloaded(0.4)
+
+
+def test_a_lower_class_is_refused_first_and_never_while_a_higher_one_is_refused() -> None:
+    """With 0.7 s of work ahead on a 1 s budget: critical (the whole budget) is admitted,
+    standard (0.75 of it) too, sheddable (0.56) refused; once a critical request is
+    refused as projected, no lower class is admitted for CLASS_HOLD_S, whatever its
+    prompt, and the classes above it still are."""
+    check, registry, refused = fleet("both")
+    check.classes = PriorityClasses.from_config(AdmissionConfig())
+    ahead = raw_for(0.7) - (A + B * 0.1)
+    backlog(registry, "e0", ahead)
+
+    def ask(rank: int, tokens: int = 100, now: float = 0.0) -> bool:
+        try:
+            check.check(replace(request(tokens), priority=rank), arrived=now, now=now, queued=0)
+        except TtftBudgetExceeded:
+            return False
+        return True
+
+    assert [ask(0), ask(1), ask(2)] == [True, True, False]
+    assert "share of the TTFT budget" in _message(check, 2)
+    assert not ask(0, tokens=8000, now=1.0)  # critical refused as projected...
+    assert not ask(1, tokens=1, now=1.02)  # ...so a short standard one is held back
+    assert ask(0, now=1.02)
+    assert ask(1, now=1.0 + CLASS_HOLD_S)  # and admitted again after the hold
+    assert refused["projected"] == 4
+
+
+def _message(check: PredictiveCheck, rank: int) -> str:
+    with pytest.raises(TtftBudgetExceeded) as info:
+        check.check(replace(request(100), priority=rank), arrived=0.0, now=0.0, queued=0)
+    return info.value.message
+
+
+def test_a_tenant_over_its_fair_share_is_refused_before_a_fair_one_of_the_same_class() -> None:
+    check, registry, _ = fleet("both")
+    check.classes = PriorityClasses.from_config(AdmissionConfig())
+    check._standing = lambda tenant, now: "over" if tenant == "flood" else "owed"
+    # 0.6 s of work ahead on a 1 s budget: a standard request fits its class's share
+    # (0.75), and more as the fair tenant's (half a class apart: 0.87), not as the flood's.
+    backlog(registry, "e0", raw_for(0.6) - (A + B * 0.1))
+    fair = replace(request(100), priority=1, tenant="polite")
+    assert check.check(fair, arrived=0.0, now=0.0, queued=0) is not None
+    with pytest.raises(TtftBudgetExceeded) as info:
+        check.check(replace(fair, tenant="flood"), arrived=0.0, now=0.0, queued=0)
+    assert "priority class and tenant" in info.value.message
+    # A critical request is critical whoever sends it.
+    critical = replace(fair, priority=0, tenant="flood")
+    assert check.check(critical, arrived=0.0, now=0.0, queued=0) is not None
+
+
+def test_traffic_of_one_class_has_the_whole_budget_whichever_class_it_is() -> None:
+    """Shares count from the highest class sending: without critical traffic (the
+    default class is standard) nothing is refused for a headroom no one uses."""
+    check, registry, _ = fleet("both")
+    check.classes = PriorityClasses.from_config(AdmissionConfig())
+    backlog(registry, "e0", raw_for(0.9) - (A + B * 0.1))
+    standard = replace(request(100), priority=1)
+    assert check.check(standard, arrived=0.0, now=0.0, queued=0) is not None
+    # Critical traffic comes: standard now leaves it its headroom (0.75 of the budget)...
+    assert check.check(replace(request(100), priority=0), arrived=1.0, now=1.0, queued=0)
+    with pytest.raises(TtftBudgetExceeded):
+        check.check(standard, arrived=1.0, now=1.0, queued=0)
+    # ...until no critical request has come for ACTIVE_CLASS_S.
+    later = 1.0 + ACTIVE_CLASS_S
+    assert check.check(standard, arrived=later, now=later, queued=0) is not None

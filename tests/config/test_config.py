@@ -302,7 +302,8 @@ def test_a_yaml_syntax_error_names_the_file_line_and_column(tmp_path: Path) -> N
 
 ENGINE_KEYS = [
     "name", "url", "dialect", "role", "wave", "phase_concurrency", "max_num_batched_tokens",
-    "max_num_seqs", "api_key", "api_key_env", "api_key_file", "forward_client_authorization",
+    "max_num_seqs", "scheduling_policy", "api_key", "api_key_env", "api_key_file",
+    "forward_client_authorization",
 ]  # fmt: skip
 CONFIG_KEYS = [
     "model",
@@ -314,6 +315,7 @@ CONFIG_KEYS = [
     "ha",
     "logging",
     "tracing",
+    "tenants",
 ]
 
 
@@ -571,4 +573,39 @@ def test_logging_and_tracing_problems_name_their_keys() -> None:
         'logging.format: expected one of "json", "text", got "xml"',
         "tracing.otlp_endpoint: expected an http:// or https:// URL of an OTLP/HTTP collector, "
         'got "collector:4318"',
+    )
+
+
+def test_tenants_classes_and_tenant_keys_are_checked_against_each_other() -> None:
+    problems = _problems(
+        MINIMAL
+        + "admission: {classes: [gold, silver], reserved_prefill: {bronze: 1}}\n"
+        + "serving:\n"
+        + "  api_keys: [{key: sk-a, tenant: team-a}, {key: sk-b, tenant: team-z}, {tenant: x}]\n"
+        + "tenants:\n"
+        + "  team-a: {max_class: silver, default_class: gold, weight: 0}\n"
+        + "  team-b: {max_class: critical}\n"
+    )
+    # (The tenants' classes and the keys' tenants wait for the tenants to be typed right.)
+    assert problems == (
+        "tenants.team-a.weight: expected number > 0 and <= 1000000, got 0",
+        'admission.reserved_prefill.bronze: "bronze" is not a class '
+        "(admission.classes: gold, silver)",
+        "serving.api_keys.2: give the key: one of key, key_env, key_file",
+    )
+
+
+def test_a_key_naming_an_undeclared_tenant_is_refused_and_a_tenant_keeps_to_the_classes() -> None:
+    problems = _problems(
+        MINIMAL
+        + "serving: {api_keys: [{key_env: TEAM_KEY, tenant: team-z}]}\n"
+        + "tenants: {team-a: {max_class: standard, default_class: critical}, "
+        + "team-b: {max_class: gold}}\n"
+    )
+    assert problems == (
+        "tenants.team-a.default_class: critical is above the tenant's max_class (standard)",
+        'tenants.team-b.max_class: "gold" is not a class '
+        "(admission.classes: critical, standard, sheddable)",
+        'serving.api_keys.0.tenant: tenant "team-z" is not declared under tenants '
+        "(declared: team-a, team-b)",
     )

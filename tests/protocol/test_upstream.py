@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from narwhal.protocol.dialects import Dialect, capabilities
+from narwhal.protocol.dialects import Dialect, capabilities, for_engine
 from narwhal.protocol.requests import Route, parse_request
 from narwhal.protocol.upstream import upstream_body
 
@@ -93,3 +93,20 @@ def test_an_echo_of_token_ids_goes_without_asking_for_ids(
     )
     assert ("return_token_ids" in body) is forced
     assert body.get("return_token_ids", True) is True
+
+
+@pytest.mark.parametrize("dialect", ["vllm", "sglang", "openai"])
+def test_the_class_goes_as_priority_only_to_an_engine_that_schedules_by_it(
+    dialect: Dialect,
+) -> None:
+    request = parse_request(
+        json.dumps({"model": MODEL, "prompt": "hi", "priority": 7}).encode(),
+        "completion",
+        model=MODEL,
+    )
+    ordered = for_engine(dialect, schedules_by_priority=True)
+    body = upstream_body(request, ordered, priority=2)
+    # vLLM started with --scheduling-policy priority gets the class (the router's, not
+    # the client's); other engines get the body as the client wrote it.
+    assert body["priority"] == (2 if dialect == "vllm" else 7)
+    assert upstream_body(request, for_engine(dialect), priority=2)["priority"] == 7

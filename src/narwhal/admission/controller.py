@@ -15,6 +15,10 @@ room under its own limits. Otherwise it waits in the one admission queue, under
 `queue_limit` and the admission wait, whatever it is waiting for: a global slot or an
 engine's. There is no second queue: engine limits are checked here, not by the caller.
 
+Priority classes (`classes.py`): a ticket's class orders the queue (`queue.py`), and the
+prefill slots reserved for the classes above it (`admission.reserved_prefill`) and not in
+use by them are not its to take.
+
 Every call that frees capacity returns a `Wakeups`: the queued tickets that were placed
 (in queue order) and those that can no longer be placed anywhere (every eligible engine
 failed them, or none is left); the caller wakes them. A waking pass stops at the first
@@ -28,6 +32,7 @@ and every engine's `EngineLoad` in step; nothing else writes them. A `PlacementL
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -68,15 +73,23 @@ class Admission:
         prefill_limit: int,
         decode_limit: int,
         listener: PlacementListener | None = None,
+        reserved_prefill: Callable[[int], int] | None = None,
+        weight: Callable[[str], float] | None = None,
+        aging_s: float | None = None,
     ) -> None:
+        """`reserved_prefill(rank)`: the prefill slots reserved for that class (kept free
+        for it, from the classes below, while it does not use them); `weight`,
+        `aging_s`: the queue's (`queue.py`)."""
         self.scheduler = scheduler
         self.max_retained = max_retained
         self.prefill_limit = prefill_limit
         self.decode_limit = decode_limit
-        self.queue = AdmissionQueue(queue_limit)
+        self.reserved_prefill = reserved_prefill or (lambda rank: 0)
+        self.queue = AdmissionQueue(queue_limit, weight=weight, aging_s=aging_s)
         self.listener = listener
         self.retained = 0
         self.prefill_in_use = 0
+        self._prefill_by_class: dict[int, int] = {}  # prefill slots in use, by class rank
         self.decode_in_use = 0
 
     # --- retention -----------------------------------------------------------------------
@@ -110,7 +123,7 @@ class Admission:
                 return Wakeups(unplaceable=[ticket])
         elif not self.scheduler.could_place(ticket.excluded):
             return Wakeups(unplaceable=[ticket])
-        self.queue.push(ticket)
+        self.queue.push(ticket, now)
         # Those ahead could not be placed; the newcomer may, if they wait on engines it
         # does not need (retries confined to fewer engines). Nothing else can start in
         # this pass: no capacity was freed.
@@ -150,7 +163,7 @@ class Admission:
             return Wakeups()
         self._release_prefill_engine(ticket, plan)
         ticket.state = TicketState.DECODE
-        self.prefill_in_use -= 1
+        self._prefill_slot(ticket, -1)
         self.decode_in_use += 1
         plan.decode.load.decoding += 1
         if self.listener is not None:
@@ -186,15 +199,28 @@ class Admission:
 
     # --- internals ------------------------------------------------------------------------
 
-    def _room(self) -> bool:
+    def _room(self, ticket: Ticket) -> bool:
         return (
-            self.prefill_in_use < self.prefill_limit
+            self.prefill_in_use < self.prefill_limit - self._held_for_above(ticket.priority)
             and self.prefill_in_use + self.decode_in_use < self.decode_limit
         )
 
+    def _held_for_above(self, rank: int) -> int:
+        """The prefill slots reserved for the classes above `rank` that they are not
+        using: kept free for them."""
+        by_class = self._prefill_by_class
+        return sum(
+            max(0, self.reserved_prefill(above) - by_class.get(above, 0)) for above in range(rank)
+        )
+
+    def _prefill_slot(self, ticket: Ticket, change: int) -> None:
+        self.prefill_in_use += change
+        by_class = self._prefill_by_class
+        by_class[ticket.priority] = by_class.get(ticket.priority, 0) + change
+
     def _place(self, ticket: Ticket, now: float) -> bool | None:
         """True: placed. False: no room now. None: no eligible engine is left for it."""
-        if not self._room():
+        if not self._room(ticket):
             return False if self.scheduler.could_place(ticket.excluded) else None
         try:
             plan = self.scheduler.plan(ticket.request, ticket.excluded)
@@ -205,7 +231,7 @@ class Admission:
         ticket.plan = plan
         ticket.state = TicketState.PREFILL
         ticket.prefill_released = False
-        self.prefill_in_use += 1
+        self._prefill_slot(ticket, 1)
         first = plan.first.load
         first.prefilling += 1
         first.prefill_tokens += ticket.request.prompt_tokens - plan.cached_tokens
@@ -232,7 +258,7 @@ class Admission:
         decode = plan.decode.load
         decode.decode_bound -= 1
         if state is TicketState.PREFILL:
-            self.prefill_in_use -= 1
+            self._prefill_slot(ticket, -1)
         else:
             self.decode_in_use -= 1
             decode.decoding -= 1
@@ -247,7 +273,7 @@ class Admission:
         waiting: list[Ticket] = []  # popped, no room for them: back in the queue after
         queue = self.queue
         while len(queue):
-            ticket = queue.pop()
+            ticket = queue.pop(now)
             if ticket is None:
                 break
             placed = self._place(ticket, now)
@@ -258,8 +284,11 @@ class Admission:
                 wakeups.unplaceable.append(ticket)
             else:
                 waiting.append(ticket)
-                if not ticket.excluded:
-                    break  # everyone behind it could use no more engines than it could
+                if not ticket.excluded and not self._held_for_above(ticket.priority):
+                    # Everyone behind it could use no more engines or slots than it could
+                    # (a class kept from reserved slots is not: a higher one risen less
+                    # far with age may be behind it).
+                    break
         for ticket in waiting:
-            queue.push(ticket)
+            queue.push(ticket, now)
         return wakeups

@@ -23,8 +23,17 @@ projected), with what is left of the budget:
    its first token with what it turned into. An admitted request is never refused
    later: retries and queue waits are bounded by its deadlines (504), not by this check.
 
-The queue wait is the work of the requests queued ahead, shared over the paths: each
-queued request counted at the mean prefill the paths' models give this prompt.
+The queue wait is the work of the requests queued ahead (of its own class or a higher
+one: those are what will run before it), shared over the paths: each queued request
+counted at the mean prefill the paths' models give this prompt.
+
+Priority classes (`classes.py`): a request is admitted only while its bound fits its
+class's share of the budget, counted from the highest class active in the last
+ACTIVE_CLASS_S (so one class alone has it all) and moved by its tenant's standing against
+its fair share of the work lately (`PriorityClasses.standing_rank`); and not at all for
+CLASS_HOLD_S after a request ranked above it was refused as projected. So under overload
+the lowest class is refused first, then the tenant that floods, and a lower class is
+never admitted while a higher one is being refused.
 """
 
 from __future__ import annotations
@@ -34,6 +43,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final, Literal
 
+from narwhal.admission.classes import PriorityClasses
 from narwhal.errors import PromptExceedsTtftBudget, TtftBudgetExceeded
 from narwhal.models.book import ModelBook
 from narwhal.models.rate import DecayingRate
@@ -52,6 +62,14 @@ Verdict = Literal["admit", "prompt", "projected", "unmodelled"]
 OVERLOAD_SHARE: Final = 0.05
 OVERLOAD_TAU_S: Final = 2.0
 OVERLOAD_DECISIONS: Final = 20
+# After a request of a class is refused as projected, for this long no request of a lower
+# class is admitted: what the fleet cannot take from a higher class it does not give a
+# lower one, whatever their prompts.
+CLASS_HOLD_S: Final = 0.05
+# A class is active while a request of it was checked within this long: shares are
+# counted from the highest active class, so traffic of one class (any class) has the
+# whole budget, and a lower class leaves headroom only for classes that are sending.
+ACTIVE_CLASS_S: Final = 10.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,8 +89,18 @@ class PredictiveCheck:
         ttft_budget_s: float,
         refused: Callable[[str], None] | None = None,
         prefix: CachedTokens | None = None,
+        classes: PriorityClasses | None = None,
+        standing: Callable[[str, float], str] | None = None,
     ) -> None:
+        """`classes`: each class's share of the budget (None: every request has it all);
+        `standing(tenant, now)`: the tenant's standing against its fair share of the
+        work lately (`Tenants.standing`), which moves its classes' shares."""
         self._registry = registry
+        self.classes = classes
+        self._standing = standing
+        # The last refusal as projected at each rank (`_rank`).
+        self._refused_at: dict[float, float] = {}
+        self._checked_at: dict[int, float] = {}  # each class's last request checked
         self._book = book
         self._prefix = prefix
         self.budget = ttft_budget_s
@@ -112,24 +140,62 @@ class PredictiveCheck:
     ) -> Verdict:
         """What `check` would do with the request, without doing it (nothing counted or
         raised): for sizing, which asks it at both ends of an estimate's bounds."""
-        return self._verdict(self.project(request, now, queued), arrived, now)
+        return self._verdict(self.project(request, now, queued), request, arrived, now)
 
-    def _verdict(self, projection: Projection | None, arrived: float, now: float) -> Verdict:
+    def _verdict(
+        self, projection: Projection | None, request: PlacementRequest, arrived: float, now: float
+    ) -> Verdict:
         if projection is None:
             return "unmodelled"
         if projection.solo > self.budget:  # already the prompt alone's bound
             return "prompt"
-        if projection.upper > self.budget - (now - arrived):
+        if projection.upper > self._left(request, arrived, now):
+            return "projected"
+        if self._held(self._rank(request, now), now):
             return "projected"
         return "admit"
+
+    def _left(self, request: PlacementRequest, arrived: float, now: float) -> float:
+        """What is left of the request's budget: its class's share, less its time here."""
+        return self.budget * self._share(request, now) - (now - arrived)
+
+    def _rank(self, request: PlacementRequest, now: float) -> float:
+        """Where the request ranks for the budget: its class, moved by its tenant's
+        standing against its fair share, counted from the highest active class."""
+        classes = self.classes
+        if classes is None:
+            return 0.0
+        rank: float = request.priority
+        if self._standing is not None:
+            rank = classes.standing_rank(request.priority, self._standing(request.tenant, now))
+        top = min(
+            (r for r, at in self._checked_at.items() if now - at < ACTIVE_CLASS_S),
+            default=request.priority,
+        )
+        return max(0.0, rank - min(top, request.priority))
+
+    def _seen(self, request: PlacementRequest, now: float) -> None:
+        self._checked_at[request.priority] = now
+
+    def _share(self, request: PlacementRequest, now: float) -> float:
+        classes = self.classes
+        return 1.0 if classes is None else classes.share(self._rank(request, now))
+
+    def _held(self, rank: float, now: float) -> bool:
+        """Whether a request ranked above `rank` was refused as projected within
+        CLASS_HOLD_S."""
+        return any(
+            now - at < CLASS_HOLD_S for higher, at in self._refused_at.items() if higher < rank
+        )
 
     def check(
         self, request: PlacementRequest, *, arrived: float, now: float, queued: int
     ) -> Projection | None:
         """Admit (the projection, or None when no path is modelled: placement will say
         503) or raise the 429 the projection calls for."""
+        self._seen(request, now)
         projection = self.project(request, now, queued)
-        verdict = self._verdict(projection, arrived, now)
+        verdict = self._verdict(projection, request, arrived, now)
         if verdict == "unmodelled":
             return None
         assert projection is not None
@@ -141,11 +207,25 @@ class PredictiveCheck:
             self._refusing.add(1.0, now)
             self._count("projected")
             self._refused_idle(request, now)
-            overrun = projection.upper - (self.budget - (now - arrived))
+            left = self._left(request, arrived, now)
+            overrun = projection.upper - left
             retry_after = max(1, math.floor(overrun + 0.5))
+            if overrun <= 0:  # held: a higher class was refused just now
+                raise TtftBudgetExceeded(
+                    "The fleet is refusing requests of a higher priority class; retry in "
+                    f"{retry_after} s.",
+                    retry_after=retry_after,
+                )
+            self._refused_at[self._rank(request, now)] = now
+            budget = f"TTFT budget of {self.budget:g} s"
+            if self._share(request, now) < 1.0:
+                budget = (
+                    f"share of the {budget} its priority class and tenant are given "
+                    f"({left:.2f} s left)"
+                )
             raise TtftBudgetExceeded(
-                f"The first token is projected at {projection.upper:.2f} s, over the TTFT "
-                f"budget of {self.budget:g} s by {overrun:.2f} s; retry in {retry_after} s.",
+                f"The first token is projected at {projection.upper:.2f} s, over the "
+                f"{budget} by {overrun:.2f} s; retry in {retry_after} s.",
                 retry_after=retry_after,
             )
         return projection

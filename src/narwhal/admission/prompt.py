@@ -52,10 +52,13 @@ class PromptAdmission:
         check: PredictiveCheck | None = None,
         lengths: OutputLengths | None = None,
         engine_count: EngineCount | None = None,
+        admitted: Callable[[str, float, float], None] | None = None,
     ) -> None:
         """`check`, `lengths`: predictive admission (the TTFT check, output-length
         learning); `engine_count`: an engine's count of a prompt whose estimate could
-        flip the check, within a bounded wait."""
+        flip the check, within a bounded wait; `admitted(tenant, work, now)`: told of
+        each request admitted, with its work in tokens (the tenants' shares)."""
+        self._admitted = admitted
         self.config = config
         self._registry = registry
         self._scheduler = scheduler
@@ -71,7 +74,7 @@ class PromptAdmission:
         blocks = None if prefix is None else prefix.blocks_of(request)
         if lengths is None:
             sized = PlacementRequest.sized(request.route, context.prompt_tokens, request.max_tokens)
-            return sized if blocks is None else replace(sized, prefix=blocks)
+            return replace(sized, prefix=blocks, priority=context.priority, tenant=context.tenant)
         cap = request.max_tokens
         context_len = self._registry.max_model_len()
         if context_len is not None:
@@ -85,6 +88,8 @@ class PromptAdmission:
             predicted_output=lengths.predict(request.route, context.prompt_tokens, cap),
             ttft_due=context.arrived + self.config.admission.ttft_target_s,
             prefix=blocks,
+            priority=context.priority,
+            tenant=context.tenant,
         )
 
     def check_context_length(self, request: CompletionRequest, context: RequestContext) -> None:
@@ -114,6 +119,7 @@ class PromptAdmission:
         the requests waiting ahead of it now (it changes while a count is awaited)."""
         check = self._check
         if check is None:
+            self._count_admitted(ticket)
             return
         await self._settle_size(request, context, ticket, check, queued)
         if context.prompt_size is not None and context.prompt_size.source == "engine":
@@ -124,6 +130,13 @@ class PromptAdmission:
             ticket.projected_ttft = projection.raw
             ticket.projected_upper = projection.upper
             ticket.checked_at = now
+        self._count_admitted(ticket)
+
+    def _count_admitted(self, ticket: Ticket) -> None:
+        if self._admitted is not None:
+            placed = ticket.request
+            work = placed.prompt_tokens + placed.predicted_output
+            self._admitted(placed.tenant, work, time.monotonic())
 
     async def _settle_size(
         self,

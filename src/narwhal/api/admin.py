@@ -1,5 +1,6 @@
-"""Admin routes: the engine registry, drain and undrain, maintenance waves, and reloading
-the configuration file (`POST /admin/reload`, as SIGHUP does: `narwhal.ops.reload`).
+"""Admin routes: the engine registry, the tenants' shares and quotas (`GET /admin/tenants`),
+drain and undrain, maintenance waves, and reloading the configuration file
+(`POST /admin/reload`, as SIGHUP does: `narwhal.ops.reload`).
 
 Without `serving.admin_token` they answer only on loopback (anything else gets 403), so a
 router bound to a public address does not hand its fleet to whoever finds the port. With
@@ -51,11 +52,13 @@ class AdminRoutes:
         report: Callable[[], list[dict[str, Any]]],
         admin_token: str | None,
         reload: Callable[[], Awaitable[list[str]]] | None = None,
+        tenants: Callable[[], dict[str, Any]] | None = None,
     ) -> None:
         """`reload()`: re-read the configuration file and apply it; what changed, or a
-        NarwhalError saying why nothing did."""
+        NarwhalError saying why nothing did. `tenants()`: GET /admin/tenants's body."""
         self._operator = operator
         self._report = report
+        self._tenants = tenants
         self._reload = reload
         self._token: BearerTokens | None = None
         self.set_admin_token(admin_token)
@@ -66,6 +69,8 @@ class AdminRoutes:
 
     def add_to(self, app: web.Application) -> None:
         app.router.add_get("/admin/engines", self.engines)
+        if self._tenants is not None:
+            app.router.add_get("/admin/tenants", self.tenants)
         app.router.add_post("/admin/engines/{name}/drain", self.drain)
         app.router.add_post("/admin/engines/{name}/undrain", self.undrain)
         app.router.add_post("/admin/maintenance", self.maintenance)
@@ -74,6 +79,9 @@ class AdminRoutes:
 
     async def engines(self, request: web.Request) -> web.StreamResponse:
         return await self._guarded(request, self._engines)
+
+    async def tenants(self, request: web.Request) -> web.StreamResponse:
+        return await self._guarded(request, self._tenants_report)
 
     async def drain(self, request: web.Request) -> web.StreamResponse:
         return await self._guarded(request, self._set_drained, True)
@@ -113,6 +121,10 @@ class AdminRoutes:
 
     async def _engines(self, request: web.Request) -> web.Response:
         return json_response({"engines": self._report()})
+
+    async def _tenants_report(self, request: web.Request) -> web.Response:
+        assert self._tenants is not None, "the route is added only with a report"
+        return json_response(self._tenants())
 
     async def _set_drained(self, request: web.Request, drained: bool) -> web.Response:
         name = request.match_info["name"]

@@ -4,8 +4,8 @@ Used for client API keys (`serving.api_keys`, checked on /v1/*) and the admin to
 check takes the same time whichever token matches, or none: the offered token and every
 configured one are compared as SHA-256 digests (equal lengths, so `hmac.compare_digest`
 leaks nothing about length either), and every configured token is compared, the loop
-never stopping at a match. The scheme is case-insensitive (RFC 9110 section 11.1), the
-token is not.
+never stopping at a match (a client key's tenant is kept as it matches). The scheme is
+case-insensitive (RFC 9110 section 11.1), the token is not.
 """
 
 from __future__ import annotations
@@ -14,19 +14,21 @@ import hashlib
 import hmac
 from collections.abc import Iterable
 
+from narwhal.config import DEFAULT_TENANT
 from narwhal.errors import InvalidApiKey
 
 
 class BearerTokens:
     __slots__ = ("_digests",)
 
-    def __init__(self, tokens: Iterable[str]) -> None:
-        self._digests = tuple(_digest(token) for token in tokens)
+    def __init__(self, tokens: Iterable[str | tuple[str, str]]) -> None:
+        """`tokens`: each token, or (token, tenant) for a client key of a tenant's."""
+        self._digests = _digests(tokens)
 
-    def replace(self, tokens: Iterable[str]) -> None:
+    def replace(self, tokens: Iterable[str | tuple[str, str]]) -> None:
         """Check against `tokens` from now on (a configuration reload); every holder of
         this object sees the change at once."""
-        self._digests = tuple(_digest(token) for token in tokens)
+        self._digests = _digests(tokens)
 
     def __bool__(self) -> bool:
         """Whether any token is configured (none: nothing to check)."""
@@ -34,18 +36,29 @@ class BearerTokens:
 
     def admit(self, authorization: str | None) -> bool:
         """Whether an `Authorization` header value carries one of the tokens."""
+        return self.tenant_of(authorization) is not None
+
+    def tenant_of(self, authorization: str | None) -> str | None:
+        """The tenant of the token an `Authorization` header value carries, or None when
+        it carries none of them."""
         token = bearer_token(authorization)
         offered = _digest(token or "")
-        matched = False
-        for digest in self._digests:
-            matched |= hmac.compare_digest(offered, digest)
-        return matched and token is not None
+        matched: str | None = None
+        for digest, tenant in self._digests:
+            if hmac.compare_digest(offered, digest):
+                matched = tenant  # (the loop goes on: every token is compared)
+        return matched if token is not None else None
 
 
-def require_api_key(api_keys: BearerTokens, authorization: str | None) -> None:
-    """Raise InvalidApiKey unless no key is configured or the header carries one."""
-    if api_keys and not api_keys.admit(authorization):
+def require_api_key(api_keys: BearerTokens, authorization: str | None) -> str:
+    """The tenant of the request's key (the default tenant when no key is configured);
+    InvalidApiKey when keys are configured and the header carries none of them."""
+    if not api_keys:
+        return DEFAULT_TENANT
+    tenant = api_keys.tenant_of(authorization)
+    if tenant is None:
         raise InvalidApiKey(missing=authorization is None)
+    return tenant
 
 
 def bearer_token(authorization: str | None) -> str | None:
@@ -57,6 +70,11 @@ def bearer_token(authorization: str | None) -> str | None:
     if scheme.lower() != "bearer" or not token:
         return None
     return token
+
+
+def _digests(tokens: Iterable[str | tuple[str, str]]) -> tuple[tuple[bytes, str], ...]:
+    pairs = ((t, DEFAULT_TENANT) if isinstance(t, str) else t for t in tokens)
+    return tuple((_digest(token), tenant) for token, tenant in pairs)
 
 
 def _digest(token: str) -> bytes:

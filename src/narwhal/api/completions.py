@@ -30,15 +30,32 @@ from narwhal.api.relay import relay_stream
 from narwhal.api.request_id import HEADER as REQUEST_ID_HEADER
 from narwhal.api.request_id import current_request_id
 from narwhal.api.responses import error_response, json_response
-from narwhal.api.service import Assembled, CompletionService, RequestContext, StreamLease
+from narwhal.api.service import (
+    Assembled,
+    CompletionService,
+    RequestContext,
+    StreamLease,
+    Tenancy,
+)
 from narwhal.config import Config
-from narwhal.errors import InvalidRequest, NarwhalError, Outcome, RouterUnavailable, TerminalExpiry
-from narwhal.observability.metrics import RouterMetrics
+from narwhal.errors import (
+    CapacityRejected,
+    InvalidRequest,
+    NarwhalError,
+    Outcome,
+    PromptExceedsTtftBudget,
+    RouterUnavailable,
+    TenantQuotaExceeded,
+    TerminalExpiry,
+    TtftBudgetExceeded,
+)
+from narwhal.observability.metrics import UNKNOWN, RouterMetrics
 from narwhal.observability.tracing import PassthroughTracer, Span, Tracer
 from narwhal.ops.state import RouterState
 from narwhal.protocol.headers import (
     CONTENT_ENCODING,
     CONTENT_TYPE,
+    PRIORITY,
     REQUEST_TIMEOUT,
     check_content_encoding,
     check_content_type,
@@ -68,8 +85,11 @@ class CompletionFront:
         sizer: WorkloadSizer,
         state: RouterState,
         api_keys: BearerTokens,
+        tenants: Tenancy,
         tracer: Tracer | None = None,
     ) -> None:
+        """`tenants`: whose each request is, its class, its quotas (`admission.tenants`)."""
+        self._tenants = tenants
         self._tracer: Tracer = tracer or PassthroughTracer()
         self._access = AccessLog(config.logging.access_log)
         self._state = state
@@ -105,10 +125,15 @@ class CompletionFront:
         written: float | None = None  # a stream's last write (the engine's end may follow)
         response: web.StreamResponse | None = None  # whose status the client got
         context: RequestContext | None = None
+        tenants = self._tenants
+        tenant: str | None = None
+        rank: int | None = None
+        refusal: str | None = None  # a 429's reason
         span = self._tracer.request(SPAN_NAMES[route], _client_trace(http))
         try:
             headers = http.headers
-            require_api_key(self._api_keys, headers.get("Authorization"))
+            tenant = tenants.resolve(require_api_key(self._api_keys, headers.get("Authorization")))
+            rank = tenants.rank(tenant, headers.getall(PRIORITY, []))
             timeout = request_timeout(
                 headers.getall(REQUEST_TIMEOUT, []), self._config.serving.request_timeout_s
             )
@@ -123,7 +148,9 @@ class CompletionFront:
             reason = self._state.unavailable_reason()
             if reason is not None:
                 raise RouterUnavailable(f"This router is not serving requests ({reason}).")
+            tenants.offer(tenant, arrived)  # its request quota
             size = await self._sizer.size(parsed, len(raw))
+            tenants.sized(tenant, size.tokens, time.monotonic())  # its token quota
             context = RequestContext(
                 request_id=request_id,
                 arrived=arrived,
@@ -132,6 +159,8 @@ class CompletionFront:
                 authorization=http.headers.get("Authorization"),
                 prompt_size=size,
                 span=span,
+                tenant=tenant,
+                priority=rank,
             )
             sized = True
             try:
@@ -157,6 +186,9 @@ class CompletionFront:
             outcome = error.outcome
             if outcome == "invalid":
                 metrics.invalid_requests.inc()
+            refusal = _refusal_reason(error)
+            if isinstance(error, TenantQuotaExceeded):
+                metrics.rejected.labels(error.reason).inc()  # (the others count their own)
             response = error_response(error, request_id, redact)
             if outcome == "refused":
                 metrics.refusal_latency.observe(time.monotonic() - arrived)
@@ -202,11 +234,36 @@ class CompletionFront:
         finally:
             metrics.count_outcome(outcome)
             ended = time.monotonic() if written is None else written
+            self._count_class(tenant, rank, outcome, refusal, context, ended)
             metrics.observe_duration(route, streaming, outcome, ended - arrived)
             status = None if response is None else response.status
             self._ended(
                 request_id, route, streaming, status, outcome, context, span, ended - arrived
             )
+
+    def _count_class(
+        self,
+        tenant: str | None,
+        rank: int | None,
+        outcome: Outcome,
+        refusal: str | None,
+        context: RequestContext | None,
+        now: float,
+    ) -> None:
+        """The request's end by its class and tenant, and its output on its token quota."""
+        served = None if context is None else context.served
+        within: bool | None = None
+        if served is not None and tenant is not None:
+            self._tenants.produced(tenant, served.completion_tokens, now)
+            if outcome == "completed" and served.ttft_s is not None:
+                within = served.ttft_s <= self._config.admission.ttft_target_s
+        self._metrics.count_class(
+            UNKNOWN if rank is None else self._tenants.class_name(rank),
+            UNKNOWN if tenant is None or rank is None else tenant,
+            outcome,
+            refusal=refusal,
+            within_budget=within,
+        )
 
     def _ended(
         self,
@@ -267,6 +324,17 @@ class CompletionFront:
             self._redaction.redact,
         )
         return response, outcome, time.monotonic()
+
+
+def _refusal_reason(error: NarwhalError) -> str | None:
+    """Why a 429 refused the request, as the class metrics label it; None for others."""
+    if isinstance(error, CapacityRejected):
+        return error.reason
+    if isinstance(error, TtftBudgetExceeded):
+        return "projected"
+    if isinstance(error, PromptExceedsTtftBudget):
+        return "prompt"
+    return None
 
 
 def _client_trace(http: web.Request) -> TraceContext | None:

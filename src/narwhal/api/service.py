@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from narwhal.lease import Assembled, RequestContext, StreamLease
+from narwhal.lease import Assembled, RequestContext, StreamLease, Tenancy
 from narwhal.protocol.requests import CompletionRequest
 
 
@@ -32,4 +32,4 @@ class CompletionService(Protocol):
         ...
 
 
-__all__ = ["Assembled", "CompletionService", "RequestContext", "StreamLease"]
+__all__ = ["Assembled", "CompletionService", "RequestContext", "StreamLease", "Tenancy"]

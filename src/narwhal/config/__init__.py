@@ -19,7 +19,7 @@ import msgspec
 import yaml
 from msgspec import Meta, Struct
 
-from narwhal.config.checks import SECTION_CHECKS, check_engines, url_problems
+from narwhal.config.checks import SECTION_CHECKS, check_engines, check_tenants, url_problems
 from narwhal.config.credentials import (
     SecretError,
     from_env,
@@ -43,6 +43,34 @@ NonEmpty = Annotated[str, Meta(min_length=1)]
 
 Role = Literal["prefill", "decode", "both"]
 REDACTED = "<redacted>"
+# The tenant of a request whose key names none, and of every request without client keys.
+DEFAULT_TENANT = "default"
+DEFAULT_CLASSES = ("critical", "standard", "sheddable")
+
+
+class ApiKeyConfig(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    """A client key that names its tenant: inline, or an environment variable's or a
+    file's (at most one of the three)."""
+
+    key: NonEmpty | None = None
+    key_env: NonEmpty | None = None
+    key_file: NonEmpty | None = None
+    tenant: Name | None = None  # declared under `tenants:`; null: the default tenant
+
+
+class TenantConfig(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    """One tenant's share and limits (`narwhal.admission.tenants`)."""
+
+    # Its fair share within a class, against the other tenants' weights, in tokens of work.
+    weight: Annotated[float, Meta(gt=0, le=1_000_000)] = 1.0
+    # The highest class its requests may choose (X-Narwhal-Priority is clamped to it);
+    # null: the highest there is.
+    max_class: Name | None = None
+    # Its requests' class without the header; null: admission.default_class.
+    default_class: Name | None = None
+    # Token buckets holding a minute's worth: past them 429 tenant_quota_exceeded.
+    requests_per_min: Annotated[float, Meta(gt=0)] | None = None
+    tokens_per_min: Annotated[float, Meta(gt=0)] | None = None
 
 
 class ServingConfig(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
@@ -57,8 +85,9 @@ class ServingConfig(Struct, frozen=True, forbid_unknown_fields=True, kw_only=Tru
     admin_token_env: NonEmpty | None = None
     admin_token_file: NonEmpty | None = None
     # Client bearer tokens for /v1/*: these, plus a file's (one a line, `#` comments).
-    # None of either: no client authentication.
-    api_keys: tuple[NonEmpty, ...] = ()
+    # None of either: no client authentication. A key written as a mapping may name its
+    # tenant ({key_env: TEAM_A_KEY, tenant: team-a}); the others are the default tenant's.
+    api_keys: tuple[NonEmpty | ApiKeyConfig, ...] = ()
     api_keys_file: NonEmpty | None = None
     # HTTPS to clients: a PEM certificate chain and its private key, both or neither.
     tls_cert: NonEmpty | None = None
@@ -93,6 +122,28 @@ class AdmissionConfig(Struct, frozen=True, forbid_unknown_fields=True, kw_only=T
     # Predictive, without `tokenizer:`: how long a decision that the estimate's error could
     # flip waits for an engine's own count (then it is taken on the estimate); 0: never.
     sizing_wait_s: NonNegativeSeconds = 0.02
+    # Priority classes, highest first, chosen by the X-Narwhal-Priority header
+    # (`narwhal.admission.classes`).
+    classes: Annotated[tuple[Name, ...], Meta(min_length=1, max_length=16)] = DEFAULT_CLASSES
+    # The class of a request without the header whose tenant names none; null: standard
+    # when it is a class, else the lowest.
+    default_class: Name | None = None
+    # Each class below the highest is admitted only while its projected first token fits
+    # this much less of the budget than the class above it: under overload the lower
+    # classes are refused first and the higher keep their budget.
+    class_headroom: Annotated[float, Meta(ge=0, le=0.5)] = 0.25
+    # A queued request rises one class for every this many seconds it has waited (the
+    # starvation guard); null: never.
+    class_aging_s: PositiveSeconds | None = 10.0
+    # Prefill slots (of phase_concurrency.prefill) that only a class or a higher one may
+    # take, by class.
+    reserved_prefill: dict[Name, PositiveInt] = msgspec.field(default_factory=dict)
+
+    @property
+    def default_class_name(self) -> str:
+        if self.default_class is not None:
+            return self.default_class
+        return "standard" if "standard" in self.classes else self.classes[-1]
 
 
 class EngineConfig(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
@@ -107,6 +158,9 @@ class EngineConfig(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True
     max_num_batched_tokens: Annotated[int, Meta(ge=16)] = 8192
     # Its sequence slots (vLLM --max-num-seqs): past them a prefill waits for a decode.
     max_num_seqs: PositiveInt = 256
+    # vLLM --scheduling-policy: with `priority` each request's class goes to the engine as
+    # its `priority` field (0 for the highest), which vLLM schedules by.
+    scheduling_policy: Literal["fcfs", "priority"] = "fcfs"
     # Sent as `Authorization: Bearer <key>` on every request to this engine (vLLM and
     # SGLang --api-key): inline, or an environment variable's or a file's; at most one.
     api_key: NonEmpty | None = None
@@ -249,6 +303,20 @@ class Config(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
     ha: HAConfig = HAConfig()
     logging: LoggingConfig = LoggingConfig()
     tracing: TracingConfig = TracingConfig()
+    # Declared tenants, by name (metric labels stay bounded); `default` may be declared
+    # too, to give the default tenant its limits.
+    tenants: dict[Name, TenantConfig] = msgspec.field(default_factory=dict)
+
+    @property
+    def client_keys(self) -> tuple[tuple[str, str], ...]:
+        """Each client key with its tenant (secrets read: `resolve_secrets`)."""
+        keys: list[tuple[str, str]] = []
+        for entry in self.serving.api_keys:
+            if isinstance(entry, str):
+                keys.append((entry, DEFAULT_TENANT))
+            elif entry.key is not None:
+                keys.append((entry.key, entry.tenant or DEFAULT_TENANT))
+        return tuple(keys)
 
     @property
     def max_event_bytes(self) -> int:
@@ -341,6 +409,23 @@ def config_from_mapping(raw: object) -> Config:
         if name in raw and (name,) not in broken:
             section = msgspec.convert(raw[name], _FIELD_TYPES[name], strict=True)
             problems += check(section)
+    tenants = raw.get("tenants")
+    if isinstance(tenants, dict) and ("tenants",) not in broken:
+        admission = raw.get("admission")
+        classes: Any = DEFAULT_CLASSES
+        if isinstance(admission, dict) and "classes" in admission:
+            classes = admission["classes"] if ("admission",) not in broken else None
+        serving = raw.get("serving")
+        keys = None
+        if isinstance(serving, dict) and ("serving",) not in broken:
+            keys = msgspec.convert(serving, ServingConfig, strict=True).api_keys
+        typed_tenants = msgspec.convert(tenants, _FIELD_TYPES["tenants"], strict=True)
+        problems += check_tenants(typed_tenants, classes, keys)
+    elif (
+        "tenants" not in raw and isinstance(raw.get("serving"), dict) and ("serving",) not in broken
+    ):
+        keys = msgspec.convert(raw["serving"], ServingConfig, strict=True).api_keys
+        problems += check_tenants({}, None, keys)
     engines = raw.get("engines")
     if isinstance(engines, list):
         typed = [
@@ -375,11 +460,20 @@ def config_to_builtins(config: Config) -> dict[str, Any]:
     serving = result["serving"]
     if serving["admin_token"] is not None:
         serving["admin_token"] = REDACTED
-    serving["api_keys"] = [REDACTED for _ in serving["api_keys"]]
+    serving["api_keys"] = [
+        REDACTED if isinstance(entry, str) else _redacted_key(entry)
+        for entry in serving["api_keys"]
+    ]
     for engine in result["engines"]:
         if engine["api_key"] is not None:
             engine["api_key"] = REDACTED
     return result
+
+
+def _redacted_key(entry: dict[str, Any]) -> dict[str, Any]:
+    if entry.get("key") is not None:
+        entry["key"] = REDACTED
+    return entry
 
 
 _FIELD_TYPES: dict[str, Any] = {f.encode_name: f.type for f in msgspec.structs.fields(Config)}
@@ -417,7 +511,17 @@ def resolve_secrets(config: Config, environ: Mapping[str, str]) -> Config:
 
     serving = config.serving
     admin_token = read(("serving",), "admin_token", serving)
-    api_keys = serving.api_keys
+    api_keys: tuple[str | ApiKeyConfig, ...] = tuple(
+        entry
+        if isinstance(entry, str)
+        else msgspec.structs.replace(
+            entry,
+            key=read(("serving", "api_keys", i), "key", entry),
+            key_env=None,
+            key_file=None,
+        )
+        for i, entry in enumerate(serving.api_keys)
+    )
     if serving.api_keys_file is not None:
         try:
             from_file_keys = key_list_from_file(serving.api_keys_file)

@@ -8,7 +8,7 @@ secrets given once, in a form a bearer header can carry."""
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
@@ -20,12 +20,17 @@ from narwhal.protocol.dialects import capabilities
 
 if TYPE_CHECKING:
     from narwhal.config import (
+        AdmissionConfig,
+        ApiKeyConfig,
         EngineConfig,
         FleetConfig,
         HAConfig,
         ServingConfig,
+        TenantConfig,
         TracingConfig,
     )
+
+DEFAULT_TENANT = "default"  # (narwhal.config's: imported from there it would be a cycle)
 
 
 def _check_serving(serving: ServingConfig) -> list[Problem]:
@@ -33,8 +38,16 @@ def _check_serving(serving: ServingConfig) -> list[Problem]:
     problems = _one_source(path, "admin_token", serving)
     if serving.admin_token is not None:
         problems += _secret_problems((*path, "admin_token"), serving.admin_token)
-    for i, key in enumerate(serving.api_keys):
-        problems += _secret_problems((*path, "api_keys", i), key)
+    for i, entry in enumerate(serving.api_keys):
+        where: Path = (*path, "api_keys", i)
+        if isinstance(entry, str):
+            problems += _secret_problems(where, entry)
+            continue
+        problems += _one_source(where, "key", entry)
+        if entry.key is None and entry.key_env is None and entry.key_file is None:
+            problems.append(Problem(where, "give the key: one of key, key_env, key_file"))
+        if entry.key is not None:
+            problems += _secret_problems((*where, "key"), entry.key)
     if serving.tls_cert is not None and serving.tls_key is None:
         problems.append(Problem((*path, "tls_key"), "required with serving.tls_cert (HTTPS)"))
     if serving.tls_key is not None and serving.tls_cert is None:
@@ -57,6 +70,15 @@ def check_engines(engines: Sequence[tuple[int, EngineConfig]], *, whole: bool) -
                     f"a {engine.role} engine takes the prefill/decode handshake "
                     f"(kv_transfer_params: dialect vllm or sglang), which dialect "
                     f"{engine.dialect} has not; give it role both",
+                )
+            )
+        dialect = capabilities(engine.dialect)
+        if engine.scheduling_policy == "priority" and not dialect.priority_scheduling:
+            problems.append(
+                Problem(
+                    (*path, "scheduling_policy"),
+                    f"priority scheduling is vLLM's (--scheduling-policy priority); an "
+                    f"engine of dialect {engine.dialect} takes fcfs",
                 )
             )
         problems += _one_source(path, "api_key", engine)
@@ -195,7 +217,81 @@ def _check_tracing(tracing: TracingConfig) -> list[Problem]:
     ]
 
 
+def _check_admission(admission: AdmissionConfig) -> list[Problem]:
+    path: Path = ("admission",)
+    classes = admission.classes
+    problems = [
+        Problem((*path, "classes", i), f"{json.dumps(name)} is listed twice")
+        for i, name in enumerate(classes)
+        if name in classes[:i]
+    ]
+    if admission.default_class is not None and admission.default_class not in classes:
+        problems.append(_unknown_class((*path, "default_class"), admission.default_class, classes))
+    for name in admission.reserved_prefill:
+        if name not in classes:
+            problems.append(_unknown_class((*path, "reserved_prefill", name), name, classes))
+    reserved = sum(admission.reserved_prefill.values())
+    if reserved >= admission.phase_concurrency.prefill:
+        problems.append(
+            Problem(
+                (*path, "reserved_prefill"),
+                f"reserves {reserved} prefill slots, which must leave some of "
+                f"admission.phase_concurrency.prefill ({admission.phase_concurrency.prefill}) "
+                "to every class",
+            )
+        )
+    return problems
+
+
+def check_tenants(
+    tenants: Mapping[str, TenantConfig],
+    classes: Sequence[str] | None,
+    api_keys: Sequence[str | ApiKeyConfig] | None,
+) -> list[Problem]:
+    """Each tenant's classes among admission.classes (None: not known, unchecked), and
+    every tenant a client key names declared."""
+    problems: list[Problem] = []
+    for name, tenant in tenants.items():
+        for key in ("max_class", "default_class"):
+            value = getattr(tenant, key)
+            if classes is not None and value is not None and value not in classes:
+                problems.append(_unknown_class(("tenants", name, key), value, classes))
+        if (
+            classes is not None
+            and tenant.max_class is not None
+            and tenant.default_class is not None
+            and tenant.max_class in classes
+            and tenant.default_class in classes
+            and classes.index(tenant.default_class) < classes.index(tenant.max_class)
+        ):
+            problems.append(
+                Problem(
+                    ("tenants", name, "default_class"),
+                    f"{tenant.default_class} is above the tenant's max_class ({tenant.max_class})",
+                )
+            )
+    for i, entry in enumerate(api_keys or ()):
+        if isinstance(entry, str) or entry.tenant is None or entry.tenant in tenants:
+            continue
+        if entry.tenant == DEFAULT_TENANT:
+            continue
+        declared = f"declared: {', '.join(tenants)}" if tenants else "none is declared"
+        problems.append(
+            Problem(
+                ("serving", "api_keys", i, "tenant"),
+                f"tenant {json.dumps(entry.tenant)} is not declared under tenants ({declared})",
+            )
+        )
+    return problems
+
+
+def _unknown_class(path: Path, name: str, classes: Sequence[str]) -> Problem:
+    listed = ", ".join(classes)
+    return Problem(path, f"{json.dumps(name)} is not a class (admission.classes: {listed})")
+
+
 SECTION_CHECKS: dict[str, Callable[[Any], list[Problem]]] = {
+    "admission": _check_admission,
     "serving": _check_serving,
     "fleet": _check_fleet,
     "ha": _check_ha,

@@ -49,6 +49,19 @@ def type_problems(raw: object, annotation: Any, path: Path = ()) -> list[Problem
         for i, value in enumerate(raw):
             problems += type_problems(value, item, (*path, i))
         return problems
+    entry = _struct_values_of(annotation)
+    if entry is not None and isinstance(raw, dict):
+        key_type, value_type = entry
+        problems = []
+        for key, value in raw.items():
+            try:
+                msgspec.convert(key, key_type, strict=True)
+            except msgspec.ValidationError:
+                node = msgspec.inspect.type_info(key_type)
+                problems.append(Problem((*path, str(key)), f"the name must be {_describe(node)}"))
+                continue
+            problems += type_problems(value, value_type, (*path, key))
+        return problems
     try:
         msgspec.convert(raw, annotation, strict=True)
     except msgspec.ValidationError as error:
@@ -78,25 +91,44 @@ def _struct_problems(raw: object, struct: type[msgspec.Struct], path: Path) -> l
 
 
 def _struct_of(annotation: Any, raw: object) -> type[msgspec.Struct] | None:
-    """The Struct class `raw` must be read as: the annotation's own, or the one in
-    `Struct | None` when `raw` is not None."""
+    """The Struct class `raw` must be read as: the annotation's own, or the one in a
+    union (`Struct | None`, `str | Struct`) when `raw` is a mapping."""
     if isinstance(annotation, type) and issubclass(annotation, msgspec.Struct):
         return annotation
-    if raw is not None and typing.get_origin(annotation) in (typing.Union, types.UnionType):
-        arms = [a for a in typing.get_args(annotation) if a is not type(None)]
-        if len(arms) == 1:
-            return _struct_of(arms[0], raw)
+    if isinstance(raw, dict) and _is_union(annotation):
+        structs = [a for a in typing.get_args(annotation) if _struct_of(a, raw) is not None]
+        if len(structs) == 1:
+            return _struct_of(structs[0], raw)
     return None
 
 
-def _struct_items_of(annotation: Any) -> type[msgspec.Struct] | None:
-    """S for `tuple[S, ...]` where S is a Struct, else None."""
+def _is_union(annotation: Any) -> bool:
+    return typing.get_origin(annotation) in (typing.Union, types.UnionType)
+
+
+def _holds_struct(annotation: Any) -> bool:
+    """Whether the annotation is a Struct or a union with one."""
+    if _is_union(annotation):
+        return any(_holds_struct(a) for a in typing.get_args(annotation))
+    return isinstance(annotation, type) and issubclass(annotation, msgspec.Struct)
+
+
+def _struct_items_of(annotation: Any) -> Any:
+    """X for `tuple[X, ...]` where X is a Struct or a union with one, else None."""
     if typing.get_origin(annotation) is not tuple:
         return None
     args = typing.get_args(annotation)
-    if len(args) == 2 and args[1] is Ellipsis:
-        return _struct_of(args[0], raw=None)
+    if len(args) == 2 and args[1] is Ellipsis and _holds_struct(args[0]):
+        return args[0]
     return None
+
+
+def _struct_values_of(annotation: Any) -> tuple[Any, Any] | None:
+    """(K, V) for `dict[K, V]` where V is a Struct, else None."""
+    if typing.get_origin(annotation) is not dict:
+        return None
+    key, value = typing.get_args(annotation)
+    return (key, value) if _holds_struct(value) else None
 
 
 # --- msgspec's message for one value, as a message that names the key ----------------------
@@ -132,6 +164,8 @@ def _type_at(node: msgspec.inspect.Type, path: Sequence[str | int]) -> msgspec.i
             node = fields.get(part, msgspec.inspect.AnyType())
         elif isinstance(node, msgspec.inspect.VarTupleType | msgspec.inspect.ListType):
             node = node.item_type
+        elif isinstance(node, msgspec.inspect.DictType):
+            node = node.value_type
         else:
             return msgspec.inspect.AnyType()
     return node
@@ -157,6 +191,8 @@ def _describe(node: msgspec.inspect.Type) -> str:
     if isinstance(node, msgspec.inspect.FloatType):
         return "number" + _bounds(node.ge, node.gt, node.le, node.lt)
     if isinstance(node, msgspec.inspect.StrType):
+        if node.pattern is not None:
+            return f"a string matching {node.pattern}"
         return "string" + (f" of at least {node.min_length} chars" if node.min_length else "")
     if isinstance(node, msgspec.inspect.LiteralType):
         return "one of " + ", ".join(json.dumps(v) for v in node.values)

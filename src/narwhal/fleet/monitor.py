@@ -83,7 +83,9 @@ class _Engine:
     def configure(self, config: EngineConfig) -> None:
         self.config = config
         self.state.capabilities = for_engine(
-            config.dialect, supplies_token_ids=self.state.supplies_token_ids
+            config.dialect,
+            supplies_token_ids=self.state.supplies_token_ids,
+            schedules_by_priority=config.scheduling_policy == "priority",
         )
         self.base_url = config.url.rstrip("/")
         # Its key on every probe, /health and /metrics too: which routes an engine guards
@@ -365,7 +367,9 @@ class FleetMonitor:
         state.version = version
         state.supplies_token_ids = None if version is None else vllm_supplies_token_ids(version)
         state.capabilities = for_engine(
-            engine.config.dialect, supplies_token_ids=state.supplies_token_ids
+            engine.config.dialect,
+            supplies_token_ids=state.supplies_token_ids,
+            schedules_by_priority=engine.config.scheduling_policy == "priority",
         )
         if state.supplies_token_ids is False:
             log.warning(

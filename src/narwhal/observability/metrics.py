@@ -12,6 +12,7 @@ this registry rather than the library's global one.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Final, get_args
 
@@ -31,13 +32,15 @@ from narwhal.protocol.requests import Route
 
 OUTCOMES: Final[tuple[Outcome, ...]] = get_args(Outcome)
 ROUTES: Final[tuple[Route, ...]] = get_args(Route)
-REJECT_REASONS = ("retention", "queue")
+REJECT_REASONS = ("retention", "queue", "tenant_quota")
 # prompt: the prompt alone exceeds the TTFT budget; projected: the projected TTFT does.
 REFUSE_REASONS = ("prompt", "projected")
 # `shutdown`: a stream still running at the drain deadline after SIGTERM (`drain.py`).
 EXPIRY_STAGES = ("admission_wait", "deadline_before_headers", "deadline_streaming", "shutdown")
 TOKEN_SOURCES = ("token_ids", "usage", "events")
 FAILURE_STAGES = ("before_headers", "after_headers")
+# The class and tenant of a request that ended before either was known.
+UNKNOWN: Final = "none"
 # Which phase timeout ended an attempt (engines/timeouts.py).
 TIMEOUT_PHASES = ("first_event", "idle")
 
@@ -104,6 +107,34 @@ class RouterMetrics:
             "narwhal_outcomes",
             "Terminal outcome of every offered request.",
             ["outcome"],
+            registry=r,
+        )
+        # By priority class and tenant (labels from the configuration; `none` for a
+        # request that ended before its class and tenant were known: no valid key, a
+        # malformed X-Narwhal-Priority). Offered equals the sum of outcomes per pair.
+        self.class_offered = Counter(
+            "narwhal_class_offered",
+            "Offered requests by priority class and tenant.",
+            ["class", "tenant"],
+            registry=r,
+        )
+        self.class_outcomes = Counter(
+            "narwhal_class_outcomes",
+            "Terminal outcome of every offered request, by priority class and tenant.",
+            ["class", "tenant", "outcome"],
+            registry=r,
+        )
+        self.class_refusals = Counter(
+            "narwhal_class_refusals",
+            "Rejections and predictive refusals (429) by priority class, tenant and reason.",
+            ["class", "tenant", "reason"],
+            registry=r,
+        )
+        self.class_ttft = Counter(
+            "narwhal_class_ttft",
+            "Completed requests that had a first token, by priority class, tenant and "
+            "whether it came within the TTFT budget (attainment).",
+            ["class", "tenant", "within_budget"],
             registry=r,
         )
         self.ttft = Histogram(
@@ -288,6 +319,37 @@ class RouterMetrics:
 
     def count_outcome(self, outcome: Outcome) -> None:
         self._outcome_children[outcome].inc()
+
+    def class_series(self, classes: Iterable[str], tenants: Iterable[str]) -> None:
+        """Every class and tenant's series from the start (and each reload's new ones):
+        zeros, not gaps."""
+        pairs = [(c, t) for c in classes for t in tenants] + [(UNKNOWN, UNKNOWN)]
+        for cls, tenant in pairs:
+            self.class_offered.labels(cls, tenant)
+            for outcome in OUTCOMES:
+                self.class_outcomes.labels(cls, tenant, outcome)
+            for reason in (*REJECT_REASONS, *REFUSE_REASONS):
+                self.class_refusals.labels(cls, tenant, reason)
+            for within in ("true", "false"):
+                self.class_ttft.labels(cls, tenant, within)
+
+    def count_class(
+        self,
+        cls: str,
+        tenant: str,
+        outcome: Outcome,
+        *,
+        refusal: str | None = None,
+        within_budget: bool | None = None,
+    ) -> None:
+        """One request's end, by its class and tenant: its outcome, why it was refused
+        (a 429's reason), whether its first token came within the budget."""
+        self.class_offered.labels(cls, tenant).inc()
+        self.class_outcomes.labels(cls, tenant, outcome).inc()
+        if refusal is not None:
+            self.class_refusals.labels(cls, tenant, refusal).inc()
+        if within_budget is not None:
+            self.class_ttft.labels(cls, tenant, "true" if within_budget else "false").inc()
 
     def render(self) -> bytes:
         return self._exposition.render()

@@ -4,9 +4,9 @@
 the router holds them) and says:
 
 - `restart`: a problem for each key that differs and cannot change while the router runs
-  (the address it listens on, its certificate, the model, the admission mode and the
-  placement policy, which decide what the router is built of, the tokenizer, high
-  availability). A reload with any of them applies nothing.
+  (the address it listens on, its certificate, the model, the admission mode, the
+  priority classes and the placement policy, which decide what the router is built of,
+  the tokenizer, high availability). A reload with any of them applies nothing.
 - `engines`: by name, the engines added, removed, replaced (a new URL, dialect or role
   is another engine under the old name: removed, then added) and updated in place
   (wave, limits, credentials).
@@ -35,6 +35,7 @@ RESTART_KEYS: Final = (
     "serving.tls_cert",
     "serving.tls_key",
     "admission.mode",
+    "admission.classes",
     "fleet.policy",
     "fleet.prefix_index",
     "tokenizer",

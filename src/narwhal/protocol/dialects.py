@@ -71,6 +71,12 @@ class DialectCapabilities:
     metrics_vendors: tuple[MetricsVendor, ...]
     """Whose load metrics the engine's /metrics page may carry: a generic server may
     well be a vLLM or an SGLang behind the plain dialect."""
+    priority_scheduling: bool = False
+    """The engine can be started to schedule by a request's `priority` field, lower
+    first (vLLM's `--scheduling-policy priority`)."""
+    schedules_by_priority: bool = False
+    """This engine does (its configuration says it was started so): each request's class
+    rank goes to it there."""
     answers_unstreamed: bool = False
     """The engine refuses some requests when streamed and answers them unstreamed
     (vLLM: `prompt_logprobs`, completions' beam search; PROTOCOL.md §7): a
@@ -109,6 +115,7 @@ _TABLE: Final[dict[Dialect, DialectCapabilities]] = {
         tokenize_adds_generation_prompt=True,
         metrics_vendors=("vllm",),
         answers_unstreamed=True,
+        priority_scheduling=True,
     ),
     "sglang": DialectCapabilities(
         name="sglang",
@@ -160,18 +167,26 @@ def vllm_supplies_token_ids(version: str) -> bool | None:
     return None if release == (0, 0, 0) else release >= TOKEN_IDS_SINCE
 
 
-def for_engine(dialect: Dialect, *, supplies_token_ids: bool | None = None) -> DialectCapabilities:
+def for_engine(
+    dialect: Dialect,
+    *,
+    supplies_token_ids: bool | None = None,
+    schedules_by_priority: bool = False,
+) -> DialectCapabilities:
     """One engine's capabilities: its dialect's, less what the engine said it lacks.
     `supplies_token_ids`: what its GET /version said (`version_gates_token_ids`): a vLLM
     older than `return_token_ids` (0.10.2) sends no IDs, and is asked for none and
     served as a generic server is (output counted from usage and events, its
     `token_accounting` unavailable) instead of failing every request's ID check. None
-    (not asked, or it cannot tell): the dialect's."""
+    (not asked, or it cannot tell): the dialect's. `schedules_by_priority`: its
+    configuration says it was started with priority scheduling (where its dialect can be)."""
     engine = capabilities(dialect)
     if supplies_token_ids is False and engine.version_gates_token_ids:
-        return replace(
+        engine = replace(
             engine,
             token_ids_on=_NOWHERE,
             vllm_fields=engine.vllm_fields - {"return_token_ids"},
         )
+    if schedules_by_priority and engine.priority_scheduling:
+        engine = replace(engine, schedules_by_priority=True)
     return engine

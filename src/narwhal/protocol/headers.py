@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from narwhal.errors import InvalidRequest, UnsupportedMediaType
 
 REQUEST_TIMEOUT = "X-Request-Timeout"
+PRIORITY = "X-Narwhal-Priority"  # the request's priority class (admission/classes.py)
 CONTENT_TYPE = "Content-Type"
 CONTENT_ENCODING = "Content-Encoding"
 

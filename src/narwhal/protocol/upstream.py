@@ -24,13 +24,20 @@ is malformed engine output (`OutputTracker`, `Assembler`)."""
 
 
 def upstream_body(
-    request: CompletionRequest, engine: DialectCapabilities, *, streamed: bool = True
+    request: CompletionRequest,
+    engine: DialectCapabilities,
+    *,
+    streamed: bool = True,
+    priority: int = 0,
 ) -> dict[str, Any]:
     """The body for an engine of these capabilities; `streamed=False`: a request the
     engine answers only without streaming (`unstreamed.py`), asked as the client asked
-    it, less the stream."""
+    it, less the stream. `priority`: the request's class rank, the engine's `priority`
+    where it schedules by it."""
     body = dict(request.body)
     body["stream"] = streamed
+    if engine.schedules_by_priority:
+        body["priority"] = priority
     if streamed:
         stream_options: dict[str, Any] = {"include_usage": True}
         if request.continuous_usage:

@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal, Protocol, TypeVar
 
+from narwhal.config import DEFAULT_TENANT
 from narwhal.protocol.requests import Route
 
 if TYPE_CHECKING:
@@ -37,6 +38,8 @@ class PlacementRequest:
     predicted_output: float  # output tokens expected (learned), within the cap
     ttft_due: float | None = None  # monotonic time the first token is due (predictive)
     prefix: PromptBlocks | None = None  # its prompt's blocks (cache-aware placement)
+    priority: int = 0  # its class's rank (admission.classes; 0: the highest)
+    tenant: str = DEFAULT_TENANT  # whose it is (its fair share, admission/tenants.py)
 
     @classmethod
     def sized(

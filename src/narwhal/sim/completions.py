@@ -125,6 +125,10 @@ class CompletionRoutes:
             raise SimError(
                 400, str(exc), "BadRequestError", "messages" if chat else "prompt"
             ) from None
+        priority = body.priority or 0
+        if priority and options.scheduling_policy != "priority":
+            raise SimError(400, f"Got priority {priority} but Priority scheduling is not "
+                           "enabled.", "BadRequestError", "priority")  # fmt: skip
         if "http_500" in scenarios:
             raise SimError(500, "simulated engine failure (#sim:http_500)", "InternalServerError")
         prompt_len = len(parsed.prompt_ids)
@@ -188,6 +192,7 @@ class CompletionRoutes:
             # The cache keys: the prompt, then the output (cached too once computed, so
             # a follow-up turn that quotes it hits, as on vLLM).
             token_ids=parsed.prompt_ids + script.ids if options.enable_prefix_caching else None,
+            priority=priority,
         )
         remote_id = f"{response_id}-{uuid.uuid4().hex[:8]}" if prefill_only else ""
         return _Plan(parsed, scenarios, script, shape, seq, stream, prefill_only, remote_id)

@@ -69,6 +69,7 @@ class Sequence:
         "num_committed",
         "preempted",
         "prefill_left",
+        "priority",
         "produced",
         "prompt_len",
         "ready_at",
@@ -92,8 +93,10 @@ class Sequence:
         keep_kv: bool = False,
         streaming: bool = True,
         token_ids: list[int] | None = None,
+        priority: int = 0,
     ) -> None:
         self.prompt_len = prompt_len
+        self.priority = priority  # --scheduling-policy priority: waiting order, lower first
         self.target = target
         self.finish_reason = finish_reason
         # A sequence whose KV came from a prefill engine recomputes only its last prompt
@@ -196,8 +199,15 @@ class Scheduler:
 
     # -- changes from the outside ------------------------------------------------------
     def add(self, seq: Sequence, now: float) -> None:
+        """Queue the sequence: behind every waiting one of its priority or a lower value
+        (all 0 under fcfs: arrival order), as vLLM's priority scheduler orders its
+        waiting queue by (priority, arrival)."""
         seq.arrival = now
-        self.waiting.append(seq)
+        waiting = self.waiting
+        at = len(waiting)
+        while at and waiting[at - 1].priority > seq.priority:
+            at -= 1
+        waiting.insert(at, seq)
 
     def abort(self, seq: Sequence) -> None:
         if seq.state is SeqState.WAITING:

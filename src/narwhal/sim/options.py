@@ -193,6 +193,13 @@ class SimOptions:
             "the traceparent and tracestate values it carried (lists, empty when absent)"
         ),
     )
+    scheduling_policy: Literal["fcfs", "priority"] = field(
+        default="fcfs",
+        metadata=_help(
+            "vllm dialect: as vLLM's --scheduling-policy; priority orders waiting requests "
+            "by their `priority` field (lower first), fcfs refuses a nonzero one with a 400"
+        ),
+    )
     vllm_version: str | None = field(
         default=None,
         metadata=_help(

@@ -59,6 +59,7 @@ class _Body(msgspec.Struct, kw_only=True):
     return_prompt_token_ids: bool | None = None
     return_input_ids_in_sglext: bool | None = None
     return_output_ids_in_sglext: bool | None = None
+    priority: int | None = None  # vLLM: with --scheduling-policy priority, lower first
 
 
 class ChatBody(_Body, kw_only=True):
