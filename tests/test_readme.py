@@ -246,7 +246,8 @@ def _check_config(text: str, tmp_path: Path, where: str) -> dict[str, Any]:
     path = tmp_path / "narwhal.yaml"
     path.write_text(text, encoding="utf-8")
     named = re.findall(r"_env:\s*\"?([A-Za-z_][A-Za-z0-9_]*)", text)
-    env = dict(os.environ, **dict.fromkeys(named, PLACEHOLDER_SECRET))
+    # (One of its own for each: one key may not serve two tenants.)
+    env = dict(os.environ, **{name: f"{PLACEHOLDER_SECRET}-{name}" for name in named})
     result = subprocess.run(
         [sys.executable, "-m", "narwhal", "check-config", str(path)],
         capture_output=True,

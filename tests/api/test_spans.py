@@ -132,6 +132,8 @@ async def test_a_request_is_a_tree_of_spans_under_the_clients(fleet: Fleet, stre
         "http.response.status_code": 200,
         "narwhal.prompt_tokens": request.attributes["narwhal.prompt_tokens"],  # type: ignore[index]
         "narwhal.completion_tokens": 5,
+        "narwhal.tenant": "default",
+        "narwhal.class": "standard",
     }
     assert placement.attributes == {"narwhal.attempt": 1, "narwhal.engines": ("p0", "d0")}
     assert prefill.attributes == {"narwhal.engine": "p0"}

@@ -609,3 +609,19 @@ def test_a_key_naming_an_undeclared_tenant_is_refused_and_a_tenant_keeps_to_the_
         'serving.api_keys.0.tenant: tenant "team-z" is not declared under tenants '
         "(declared: team-a, team-b)",
     )
+
+
+def test_one_key_for_two_tenants_is_refused_once_the_secrets_are_read() -> None:
+    config = parse_config(
+        MINIMAL
+        + "serving: {api_keys: [{key_env: A, tenant: a}, {key_env: B, tenant: b}, sk-same]}\n"
+        + "tenants: {a: {}, b: {}}\n"
+    )
+    with pytest.raises(ConfigError) as info:
+        resolve_secrets(config, {"A": "sk-same", "B": "sk-other"})
+    assert info.value.problems == (
+        "serving.api_keys.2: the same key as serving.api_keys.0, which is tenant a's, names "
+        "tenant default: give each tenant keys of its own",
+    )
+    resolved = resolve_secrets(config, {"A": "sk-a", "B": "sk-b"})
+    assert resolved.client_keys == (("sk-a", "a"), ("sk-b", "b"), ("sk-same", "default"))

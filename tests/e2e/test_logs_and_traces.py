@@ -120,7 +120,8 @@ async def test_the_embedded_default_logs_text_access_lines_unless_told_not_to(
         rf"\S+ \S+ INFO narwhal\.access: request_id={request_id(reply)} route=chat stream=false "
         r"status=200 outcome=completed engines=sim-prefill,sim-decode "
         rf"prompt_tokens={usage['prompt_tokens']} completion_tokens={usage['completion_tokens']} "
-        r"ttft_s=\d+\.\d{6} duration_s=\d+\.\d{6} upstream_timeout=-",
+        r"ttft_s=\d+\.\d{6} duration_s=\d+\.\d{6} upstream_timeout=- tenant=default "
+        r"class=standard",
         line,
     ), line
     text = without_log.read_text()

@@ -93,6 +93,8 @@ def test_the_access_line_in_json_has_its_fields(logged: io.StringIO) -> None:
         "ttft_s": 0.012346,
         "duration_s": 0.25,
         "upstream_timeout": None,
+        "tenant": None,
+        "class": None,
     }
 
 
@@ -109,17 +111,17 @@ def test_the_access_line_in_text_is_key_value_pairs() -> None:
     assert str(entry()) == (
         "request_id=client-1-abc route=chat stream=true status=200 outcome=completed "
         "engines=p0,d0 prompt_tokens=12 completion_tokens=8 ttft_s=0.012346 duration_s=0.250000 "
-        "upstream_timeout=-"
+        "upstream_timeout=- tenant=- class=-"
     )
     unknown = entry(status=None, engines=(), prompt_tokens=None, completion_tokens=None,
                     ttft_s=None, stream=False)  # fmt: skip
     assert str(unknown) == (
         "request_id=client-1-abc route=chat stream=false status=- outcome=completed "
         "engines=- prompt_tokens=- completion_tokens=- ttft_s=- duration_s=0.250000 "
-        "upstream_timeout=-"
+        "upstream_timeout=- tenant=- class=-"
     )
-    timed_out = entry(upstream_timeout="first_event")
-    assert str(timed_out).endswith(" upstream_timeout=first_event")
+    timed_out = entry(upstream_timeout="first_event", tenant="team-a", priority_class="critical")
+    assert str(timed_out).endswith(" upstream_timeout=first_event tenant=team-a class=critical")
 
 
 def test_the_access_log_off_or_above_info_writes_nothing(logged: io.StringIO) -> None:

@@ -15,6 +15,8 @@ known of it by then:
     upstream_timeout    the phase timeout that last ended one of its attempts, first_event
                         (no event in time: placed elsewhere) or idle (the engine went
                         silent after its first event); null when none did
+    tenant, class       its tenant and priority class; null when it ended before either
+                        was known (no valid key, a malformed X-Narwhal-Priority)
 
 In text, `key=value` pairs (`-` for null, engines joined with ","); in JSON, fields of
 the line's object (`logs.py`); on the request's span, the same facts as attributes.
@@ -50,6 +52,8 @@ class AccessEntry(StructuredMessage):
     ttft_s: float | None
     duration_s: float
     upstream_timeout: str | None = None
+    tenant: str | None = None
+    priority_class: str | None = None
 
     message = "completion request"
 
@@ -66,6 +70,8 @@ class AccessEntry(StructuredMessage):
             "ttft_s": None if self.ttft_s is None else round(self.ttft_s, 6),
             "duration_s": round(self.duration_s, 6),
             "upstream_timeout": self.upstream_timeout,
+            "tenant": self.tenant,
+            "class": self.priority_class,
         }
 
     def span_attributes(self) -> dict[str, Attribute]:
@@ -85,6 +91,10 @@ class AccessEntry(StructuredMessage):
             attributes["narwhal.completion_tokens"] = self.completion_tokens
         if self.upstream_timeout is not None:
             attributes["narwhal.upstream_timeout"] = self.upstream_timeout
+        if self.tenant is not None:
+            attributes["narwhal.tenant"] = self.tenant
+        if self.priority_class is not None:
+            attributes["narwhal.class"] = self.priority_class
         return attributes
 
     def __str__(self) -> str:
@@ -95,7 +105,8 @@ class AccessEntry(StructuredMessage):
             f"prompt_tokens={_shown(self.prompt_tokens)} "
             f"completion_tokens={_shown(self.completion_tokens)} "
             f"ttft_s={_seconds(self.ttft_s)} duration_s={_seconds(self.duration_s)} "
-            f"upstream_timeout={self.upstream_timeout or '-'}"
+            f"upstream_timeout={self.upstream_timeout or '-'} "
+            f"tenant={self.tenant or '-'} class={self.priority_class or '-'}"
         )
 
 

@@ -238,7 +238,15 @@ class CompletionFront:
             metrics.observe_duration(route, streaming, outcome, ended - arrived)
             status = None if response is None else response.status
             self._ended(
-                request_id, route, streaming, status, outcome, context, span, ended - arrived
+                request_id,
+                route,
+                streaming,
+                status,
+                outcome,
+                context,
+                span,
+                ended - arrived,
+                None if rank is None else (tenant, tenants.class_name(rank)),
             )
 
     def _count_class(
@@ -275,8 +283,10 @@ class CompletionFront:
         context: RequestContext | None,
         span: Span,
         duration: float,
+        classed: tuple[str | None, str] | None,
     ) -> None:
-        """The request's access line and the end of its span, with what is known of it."""
+        """The request's access line and the end of its span, with what is known of it
+        (`classed`: its tenant and class, once both were known)."""
         if not span.recording and not self._access.enabled:
             span.end()
             return
@@ -299,6 +309,8 @@ class CompletionFront:
             None if served is None else served.ttft_s,
             duration,
             None if context is None else context.upstream_timeout,
+            None if classed is None else classed[0],
+            None if classed is None else classed[1],
         )
         if span.recording:
             span.set(entry.span_attributes())

@@ -489,6 +489,28 @@ def section_problems(name: str, section: Struct) -> list[str]:
 # --- reading the secrets the configuration names ---------------------------------------------
 
 
+def _keys_of_two_tenants(api_keys: tuple[str | ApiKeyConfig, ...]) -> list[Problem]:
+    """A key given twice for two tenants (inline, or read from where it is named): whose
+    requests it carries could not be told."""
+    owners: dict[str, tuple[int, str]] = {}
+    problems: list[Problem] = []
+    for i, entry in enumerate(api_keys):
+        key = entry if isinstance(entry, str) else entry.key
+        if key is None:
+            continue
+        tenant = DEFAULT_TENANT if isinstance(entry, str) else entry.tenant or DEFAULT_TENANT
+        first = owners.setdefault(key, (i, tenant))
+        if first[1] != tenant:
+            problems.append(
+                Problem(
+                    ("serving", "api_keys", i),
+                    f"the same key as serving.api_keys.{first[0]}, which is tenant "
+                    f"{first[1]}'s, names tenant {tenant}: give each tenant keys of its own",
+                )
+            )
+    return problems
+
+
 def resolve_secrets(config: Config, environ: Mapping[str, str]) -> Config:
     """`config` with every secret it names read into its inline key (`admin_token`,
     `api_keys`, each engine's `api_key`) and the `_env`/`_file` keys that named them
@@ -529,6 +551,7 @@ def resolve_secrets(config: Config, environ: Mapping[str, str]) -> Config:
             problems.append(Problem(("serving", "api_keys_file"), str(e)))
         else:
             api_keys = tuple(dict.fromkeys((*api_keys, *from_file_keys)))
+    problems += _keys_of_two_tenants(api_keys)
     serving = msgspec.structs.replace(
         serving,
         admin_token=admin_token,
