@@ -207,7 +207,7 @@ class Router:
             drain=self.drain,
             admitted=self.tenants.admitted,
         )
-        self.report = EngineReport(self.registry, self.scheduler)
+        self.report = EngineReport(self.registry, self.scheduler, lambda: self.classes.names)
         api_keys = self.api_keys = BearerTokens(config.client_keys)
         front = self.front = CompletionFront(
             config,

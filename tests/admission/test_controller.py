@@ -382,3 +382,17 @@ def test_reserved_prefill_slots_go_only_to_their_class_and_those_above() -> None
     admission.finish(critical, 0.0)
     later = Ticket(PlacementRequest.sized("chat", 1), priority=2)
     assert admission.start(later, 0.0).started == []  # free again: kept for critical
+
+
+def test_each_engine_counts_its_requests_by_class_until_they_end() -> None:
+    admission = make(prefill=4)
+    tickets = [Ticket(PlacementRequest.sized("chat", 1), priority=p) for p in (0, 2, 2)]
+    for t in tickets:
+        admission.start(t, 0.0)
+    load = admission.scheduler.registry.entries["e"].load
+    assert load.by_class == {0: 1, 2: 2}
+    admission.first_token(tickets[1], 0.0)
+    assert load.by_class == {0: 1, 2: 2}  # decode-bound from placement to the end
+    admission.finish(tickets[1], 0.0)
+    admission.finish(tickets[0], 0.0)
+    assert load.by_class == {0: 0, 2: 1}

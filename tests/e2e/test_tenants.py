@@ -139,6 +139,13 @@ async def test_a_tenant_past_its_request_quota_gets_429_tenant_quota_exceeded(
     assert rows["team-b"]["default_class"] == "critical" and rows["team-b"]["weight"] == 2
     assert rows["team-b"]["quotas"] == {"requests_per_min": None, "tokens_per_min": None}
     assert rows["team-b"]["work_tokens_per_s"] > 0
+    status, body = await admin(router, "GET", "/admin/engines")
+    (engine,) = body["engines"]
+    assert engine["scores"]["decode_bound_by_class"] == {
+        "critical": 0,
+        "standard": 0,
+        "sheddable": 0,
+    }  # (all ended)
 
 
 async def test_the_official_client_sees_the_quota_as_a_rate_limit_error(

@@ -235,7 +235,9 @@ class Admission:
         first = plan.first.load
         first.prefilling += 1
         first.prefill_tokens += ticket.request.prompt_tokens - plan.cached_tokens
-        plan.decode.load.decode_bound += 1
+        decode = plan.decode.load
+        decode.decode_bound += 1
+        decode.by_class[ticket.priority] = decode.by_class.get(ticket.priority, 0) + 1
         if self.listener is not None:
             self.listener.placed(ticket, plan, now)
         return True
@@ -257,6 +259,7 @@ class Admission:
         self._release_prefill_engine(ticket, plan)
         decode = plan.decode.load
         decode.decode_bound -= 1
+        decode.by_class[ticket.priority] -= 1
         if state is TicketState.PREFILL:
             self._prefill_slot(ticket, -1)
         else:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal, Protocol, TypeVar
 
 from narwhal.config import DEFAULT_TENANT
@@ -63,6 +63,8 @@ class EngineLoad:
     prefill_tokens: int = 0  # their prompt tokens
     decode_bound: int = 0  # requests that decode here, in prefill (here or elsewhere) or decoding
     decoding: int = 0  # of those, the ones past their first token
+    # The decode-bound requests by class rank (their shares of the engine, /admin/engines).
+    by_class: dict[int, int] = field(default_factory=dict)
 
     @property
     def in_flight(self) -> int:

@@ -8,6 +8,7 @@ reads: the admin route gets it as a callable, and the api imports no scheduler.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from narwhal.scheduler.placement import PlacementRequest
@@ -23,7 +24,15 @@ _REFERENCE = PlacementRequest.sized("chat", 0)
 
 
 class EngineReport:
-    def __init__(self, registry: EngineRegistry, scheduler: Scheduler) -> None:
+    def __init__(
+        self,
+        registry: EngineRegistry,
+        scheduler: Scheduler,
+        class_names: Callable[[], Sequence[str]] = lambda: (),
+    ) -> None:
+        """`class_names()`: the priority classes, highest first, to name the requests on
+        each engine by class."""
+        self._class_names = class_names
         self._registry = registry
         self._scheduler = scheduler
         self.monitor: FleetMonitor | None = None  # set once the monitor runs
@@ -33,6 +42,7 @@ class EngineReport:
         return [self._engine(entry, now) for entry in self._registry.entries.values()]
 
     def _engine(self, entry: EngineEntry, now: float) -> dict[str, Any]:
+        names = self._class_names()
         engine = entry.config
         load = entry.load
         registry = self._registry
@@ -53,6 +63,9 @@ class EngineReport:
                 "decoding": load.decoding,
                 "decode_bound": load.decode_bound,
                 "prefill_tokens": load.prefill_tokens,
+                "decode_bound_by_class": {
+                    name: load.by_class.get(rank, 0) for rank, name in enumerate(names)
+                },
                 **_model_scores(entry, now),
             },
             "monitoring": self.monitor.report(engine.name, now) if self.monitor else None,
