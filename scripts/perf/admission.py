@@ -359,13 +359,17 @@ def start_fleet(procs: Processes, tag: str, flags: Sequence[Sequence[str]]) -> l
         # starting once the one before has drained from them.
         for engine in REAL:
             drained(engine)
-        return REAL[: len(flags)]
+        FLEET[:] = REAL[: len(flags)]
+        return list(FLEET)
     budget = ("--max-num-batched-tokens", str(STEP_BUDGET[0]))
     discipline = ("--prefill-discipline", DISCIPLINE[0])
-    return [
+    # The run in progress watches these (every run's engines: the heterogeneous and drift
+    # runs' too, not the last policy run's, stopped by now).
+    FLEET[:] = [
         procs.sim(f"sim{i}-{tag}", *SIM_FLAGS, *budget, *discipline, "--seed", str(i), *extra)
         for i, extra in enumerate(flags)
     ]
+    return list(FLEET)
 
 
 def stop_fleet(procs: Processes, engines: Sequence[Server]) -> None:
@@ -431,7 +435,6 @@ def fleet_and_router(
 ) -> tuple[list[Server], Server]:
     """Fresh engines and a fresh router for one run."""
     sims = start_fleet(procs, tag, [()] * args.engines)
-    FLEET[:] = sims
     named = [(f"e{i}", sim, "both") for i, sim in enumerate(sims)]
     config = router_config(
         procs.log_dir / f"router-{tag}.yaml", named, policy, args.budget, queue_depth=queue_depth
