@@ -630,5 +630,80 @@ PROCESS = Row(
     ],
 )
 
-ROWS = [OVERVIEW, TRAFFIC, REFUSALS, LATENCY, ENGINE_HEALTH, ENGINE_LOAD, ADMISSION, PREFIX,
-        PROCESS]  # fmt: skip
+WITHIN_BUDGET = ROUTERS + ', within_budget="true"'
+CLASSES = Row(
+    "Priority classes and tenants",
+    [
+        Panel(
+            "Offered by class",
+            [Query(rate("narwhal_class_offered_total", by="class"), "{{class}}")],
+            unit="reqps",
+            stacked=True,
+            description="X-Narwhal-Priority's class, clamped to the tenant's max_class (none: "
+            "ended before it was known).",
+        ),
+        Panel(
+            "Refused by class and reason (429)",
+            [
+                Query(
+                    rate("narwhal_class_refusals_total", by="class, reason"),
+                    "{{class}} {{reason}}",
+                )
+            ],
+            unit="reqps",
+            stacked=True,
+            description="Every 429 by the request's class: the lower classes are refused "
+            "first (projected), a tenant's quota as tenant_quota.",
+        ),
+        Panel(
+            "TTFT attainment by class",
+            [
+                Query(
+                    rate("narwhal_class_ttft_total", WITHIN_BUDGET, "class")
+                    + " / "
+                    + rate("narwhal_class_ttft_total", by="class"),
+                    "{{class}}",
+                )
+            ],
+            unit="percentunit",
+            maximum=1,
+            description="Completed requests whose first token came within admission.ttft_target_s.",
+        ),
+        Panel(
+            "Offered by tenant",
+            [Query(rate("narwhal_class_offered_total", by="tenant"), "{{tenant}}")],
+            unit="reqps",
+            stacked=True,
+            description="By the tenant of each request's client key (default: keys that name "
+            "none, or no client keys).",
+        ),
+        Panel(
+            "Refused by tenant and reason (429)",
+            [
+                Query(
+                    rate("narwhal_class_refusals_total", by="tenant, reason"),
+                    "{{tenant}} {{reason}}",
+                )
+            ],
+            unit="reqps",
+            stacked=True,
+            description="A tenant over its fair share is refused first under overload "
+            "(projected); tenant_quota: its requests_per_min or tokens_per_min.",
+        ),
+        Panel(
+            "Goodput by tenant",
+            [
+                Query(
+                    rate("narwhal_class_ttft_total", WITHIN_BUDGET, "tenant"),
+                    "{{tenant}}",
+                )
+            ],
+            unit="reqps",
+            stacked=True,
+            description="Completed requests a second whose first token came within the budget.",
+        ),
+    ],
+)
+
+ROWS = [OVERVIEW, TRAFFIC, REFUSALS, CLASSES, LATENCY, ENGINE_HEALTH, ENGINE_LOAD, ADMISSION,
+        PREFIX, PROCESS]  # fmt: skip

@@ -32,6 +32,8 @@ def test_the_alerts_cover_what_fails_in_a_fleet() -> None:
         "NarwhalLeadershipFlapping",
         "NarwhalEngineDown",
         "NarwhalEventLoopLagHigh",
+        "NarwhalHighestClassRefused",  # the priority classes' promise
+        "NarwhalClassAttainmentLow",
     } <= names
 
 
