@@ -213,3 +213,15 @@ async def test_a_vllm_with_priority_scheduling_is_sent_each_requests_class(
         with router_process(fleet_config([("f0", fcfs, "vllm")])) as router:
             reply = await send(router.url, chat(max_tokens=2), {"X-Narwhal-Priority": "sheddable"})
             assert reply.status == 200, reply.raw  # no `priority` sent to it
+        # Configured as priority-scheduled when it is not: the class does go, as
+        # `priority` 2, and the engine's own 400 says so (critical's 0 it takes).
+        misconfigured = fleet_config([("f0", fcfs, "vllm")])
+        misconfigured["engines"][0]["scheduling_policy"] = "priority"
+        with router_process(misconfigured) as router:
+            refused = await send(
+                router.url, chat(max_tokens=2), {"X-Narwhal-Priority": "sheddable"}
+            )
+            assert refused.status == 400, refused.raw
+            assert "Got priority 2" in refused.json()["error"]["message"]
+            taken = await send(router.url, chat(max_tokens=2), {"X-Narwhal-Priority": "critical"})
+            assert taken.status == 200, taken.raw
