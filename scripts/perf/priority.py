@@ -21,6 +21,7 @@ through SMG too, side by side in the same sitting: its priority scheduler
 
     python scripts/perf/priority.py [--duration 30] [--levels 1,2,3] [--json OUT]
     python scripts/perf/priority.py --smg /path/to/venv/bin/smg
+    python scripts/perf/priority.py --discipline serial   # one prompt at a time
 """
 
 from __future__ import annotations
@@ -51,7 +52,8 @@ POLITE_SHARE = 0.4
 LEVELS = (1.0, 2.0, 3.0)
 PROMPTS = (256, 2048)
 OUTPUTS = (16, 64)
-SIM_FLAGS = ("--time-scale", "1", "--prefill-tokens-per-s", "10000", "--decode-base-ms", "12")
+SIM_FLAGS = ["--time-scale", "1", "--prefill-tokens-per-s", "10000", "--decode-base-ms", "12"]
+BASE_SIM_FLAGS = len(SIM_FLAGS)
 COINCIDENT_S = 0.05
 CAPACITY_CONCURRENCY_PER_ENGINE = 12
 
@@ -300,11 +302,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--duration", type=float, default=30.0, help="seconds a run")
     parser.add_argument("--levels", default=",".join(f"{x:g}" for x in LEVELS))
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument(
+        "--discipline",
+        default="chunked",
+        help="the sims' prefill discipline (narwhal sim --prefill-discipline)",
+    )
     parser.add_argument("--capacity", type=float, default=None, help="req/s (default: measure)")
     parser.add_argument("--smg", default=None, help="the smg executable, to run beside it")
     parser.add_argument("--json", default=None)
     args = parser.parse_args(argv)
     levels = [float(x) for x in args.levels.split(",")]
+    SIM_FLAGS[:] = [*SIM_FLAGS[:BASE_SIM_FLAGS], "--prefill-discipline", args.discipline]
     runs: list[Run] = []
     with Processes() as procs:
         capacity = args.capacity

@@ -210,12 +210,7 @@ class Dispatcher:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + (context.deadline - time.monotonic())
         self.gate.hold()
-        ticket = Ticket(
-            self.prompts.placement_request(request, context),
-            priority=context.priority,
-            tenant=context.tenant,
-            deadline=context.deadline,
-        )
+        ticket = Ticket(self.prompts.placement_request(request, context), deadline=context.deadline)
         leased = False
         try:
             queue = self.gate.controller.queue

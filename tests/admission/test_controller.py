@@ -4,6 +4,7 @@ phase transitions, retries, and who may start next."""
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -306,7 +307,9 @@ def test_priority_class_is_served_first_fifo_within_class() -> None:
     admission = make(prefill=1)
     running = ticket()
     admission.start(running, 0)
-    low1, high, low2 = (Ticket(PlacementRequest.sized("chat", 1), priority=p) for p in (1, 0, 1))
+    low1, high, low2 = (
+        Ticket(replace(PlacementRequest.sized("chat", 1), priority=p)) for p in (1, 0, 1)
+    )
     for each in (low1, high, low2):
         admission.start(each, 0)
     order = []
@@ -372,21 +375,21 @@ def test_reserved_prefill_slots_go_only_to_their_class_and_those_above() -> None
     it taken, a standard one may have any slot that frees."""
     reserved = {0: 1, 1: 0, 2: 0}
     admission = make(prefill=3, reserved_prefill=reserved.__getitem__)
-    standard = [Ticket(PlacementRequest.sized("chat", 1), priority=1) for _ in range(3)]
+    standard = [Ticket(replace(PlacementRequest.sized("chat", 1), priority=1)) for _ in range(3)]
     assert admission.start(standard[0], 0.0).started == [standard[0]]
     assert admission.start(standard[1], 0.0).started == [standard[1]]
     assert admission.start(standard[2], 0.0).started == []  # the last slot is critical's
-    critical = Ticket(PlacementRequest.sized("chat", 1), priority=0)
+    critical = Ticket(replace(PlacementRequest.sized("chat", 1), priority=0))
     assert admission.start(critical, 0.0).started == [critical]
     assert admission.finish(standard[0], 0.0).started == [standard[2]]
     admission.finish(critical, 0.0)
-    later = Ticket(PlacementRequest.sized("chat", 1), priority=2)
+    later = Ticket(replace(PlacementRequest.sized("chat", 1), priority=2))
     assert admission.start(later, 0.0).started == []  # free again: kept for critical
 
 
 def test_each_engine_counts_its_requests_by_class_until_they_end() -> None:
     admission = make(prefill=4)
-    tickets = [Ticket(PlacementRequest.sized("chat", 1), priority=p) for p in (0, 2, 2)]
+    tickets = [Ticket(replace(PlacementRequest.sized("chat", 1), priority=p)) for p in (0, 2, 2)]
     for t in tickets:
         admission.start(t, 0.0)
     load = admission.scheduler.registry.entries["e"].load

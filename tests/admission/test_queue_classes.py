@@ -5,6 +5,7 @@ earliest deadline first within a tenant, and a retry that keeps its place."""
 from __future__ import annotations
 
 from collections import Counter
+from dataclasses import replace
 
 import pytest
 
@@ -15,12 +16,8 @@ from narwhal.scheduler.placement import PlacementRequest
 def ticket(
     priority: int = 1, tenant: str = "default", tokens: int = 100, deadline: float = 100.0
 ) -> Ticket:
-    return Ticket(
-        PlacementRequest.sized("chat", tokens, 1),
-        priority=priority,
-        tenant=tenant,
-        deadline=deadline,
-    )
+    request = replace(PlacementRequest.sized("chat", tokens, 1), priority=priority, tenant=tenant)
+    return Ticket(request, deadline=deadline)
 
 
 def drain(queue: AdmissionQueue, now: float = 0.0) -> list[Ticket]:

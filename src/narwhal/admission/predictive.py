@@ -140,24 +140,26 @@ class PredictiveCheck:
     ) -> Verdict:
         """What `check` would do with the request, without doing it (nothing counted or
         raised): for sizing, which asks it at both ends of an estimate's bounds."""
-        return self._verdict(self.project(request, now, queued), request, arrived, now)
+        projection = self.project(request, now, queued)
+        return self._verdict(projection, self._rank(request, now), arrived, now)
 
     def _verdict(
-        self, projection: Projection | None, request: PlacementRequest, arrived: float, now: float
+        self, projection: Projection | None, rank: float, arrived: float, now: float
     ) -> Verdict:
+        """`rank`: where the request ranks for the budget (`_rank`)."""
         if projection is None:
             return "unmodelled"
         if projection.solo > self.budget:  # already the prompt alone's bound
             return "prompt"
-        if projection.upper > self._left(request, arrived, now):
+        if projection.upper > self._left(rank, arrived, now):
             return "projected"
-        if self._held(self._rank(request, now), now):
+        if self._held(rank, now):
             return "projected"
         return "admit"
 
-    def _left(self, request: PlacementRequest, arrived: float, now: float) -> float:
-        """What is left of the request's budget: its class's share, less its time here."""
-        return self.budget * self._share(request, now) - (now - arrived)
+    def _left(self, rank: float, arrived: float, now: float) -> float:
+        """What is left of the request's budget: its rank's share, less its time here."""
+        return self.budget * self._share(rank) - (now - arrived)
 
     def _rank(self, request: PlacementRequest, now: float) -> float:
         """Where the request ranks for the budget: its class, moved by its tenant's
@@ -174,12 +176,9 @@ class PredictiveCheck:
         )
         return max(0.0, rank - min(top, request.priority))
 
-    def _seen(self, request: PlacementRequest, now: float) -> None:
-        self._checked_at[request.priority] = now
-
-    def _share(self, request: PlacementRequest, now: float) -> float:
+    def _share(self, rank: float) -> float:
         classes = self.classes
-        return 1.0 if classes is None else classes.share(self._rank(request, now))
+        return 1.0 if classes is None else classes.share(rank)
 
     def _held(self, rank: float, now: float) -> bool:
         """Whether a request ranked above `rank` was refused as projected within
@@ -193,9 +192,10 @@ class PredictiveCheck:
     ) -> Projection | None:
         """Admit (the projection, or None when no path is modelled: placement will say
         503) or raise the 429 the projection calls for."""
-        self._seen(request, now)
+        self._checked_at[request.priority] = now  # its class is active
         projection = self.project(request, now, queued)
-        verdict = self._verdict(projection, request, arrived, now)
+        rank = self._rank(request, now)
+        verdict = self._verdict(projection, rank, arrived, now)
         if verdict == "unmodelled":
             return None
         assert projection is not None
@@ -207,7 +207,7 @@ class PredictiveCheck:
             self._refusing.add(1.0, now)
             self._count("projected")
             self._refused_idle(request, now)
-            left = self._left(request, arrived, now)
+            left = self._left(rank, arrived, now)
             overrun = projection.upper - left
             retry_after = max(1, math.floor(overrun + 0.5))
             if overrun <= 0:  # held: a higher class was refused just now
@@ -216,9 +216,9 @@ class PredictiveCheck:
                     f"{retry_after} s.",
                     retry_after=retry_after,
                 )
-            self._refused_at[self._rank(request, now)] = now
+            self._refused_at[rank] = now
             budget = f"TTFT budget of {self.budget:g} s"
-            if self._share(request, now) < 1.0:
+            if self._share(rank) < 1.0:
                 budget = (
                     f"share of the {budget} its priority class and tenant are given "
                     f"({left:.2f} s left)"

@@ -27,14 +27,12 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import TYPE_CHECKING
 
-from narwhal.config import DEFAULT_TENANT
 from narwhal.scheduler.placement import PlacementRequest
 
 if TYPE_CHECKING:
     from narwhal.protocol.tracker import OutputTracker
     from narwhal.scheduler.scheduler import Plan
 
-DEFAULT_PRIORITY = 0
 Lane = tuple[int, str]  # (class rank, tenant)
 
 
@@ -58,8 +56,6 @@ class Ticket:
     """
 
     request: PlacementRequest
-    priority: int = DEFAULT_PRIORITY  # its class's rank (0: the highest)
-    tenant: str = DEFAULT_TENANT
     deadline: float = math.inf  # monotonic: the request's own deadline
     seq: int = field(default_factory=lambda: next(_sequence))
     state: TicketState = TicketState.NEW
@@ -74,10 +70,18 @@ class Ticket:
     projected_upper: float | None = None
     checked_at: float = 0.0
     output: OutputTracker | None = None  # the current attempt's output, as it arrives
-    # Fair queueing: its virtual start and finish in its class, set when it first queues.
+    # Fair queueing: its virtual start in its class, set when it first queues.
     start_tag: float | None = None
-    finish_tag: float = 0.0
     queued_at: float = 0.0  # when it first queued (the starvation guard's clock)
+
+    @property
+    def priority(self) -> int:
+        """Its class's rank (0: the highest), as its request says."""
+        return self.request.priority
+
+    @property
+    def tenant(self) -> str:
+        return self.request.tenant
 
 
 class AdmissionQueue:
@@ -124,9 +128,8 @@ class AdmissionQueue:
             start = max(virtual, self._last_finish.get(lane, 0.0))
             work = ticket.request.prompt_tokens + ticket.request.predicted_output
             ticket.start_tag = start
-            ticket.finish_tag = start + max(1.0, work) / self.weight(ticket.tenant)
             ticket.queued_at = now
-            self._last_finish[lane] = ticket.finish_tag
+            self._last_finish[lane] = start + max(1.0, work) / self.weight(ticket.tenant)
         heapq.heappush(self._lanes.setdefault(lane, []), (ticket.deadline, ticket.seq, ticket))
         self._by_class[ticket.priority] = self._by_class.get(ticket.priority, 0) + 1
         self._size += 1
