@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 from narwhal.models.profile import ConcurrentSample, ProbeSample, fit_profile
-from narwhal.profiling.runs import concurrency_of, probes_unchanged, with_hint
+from narwhal.profiling.readings import concurrency_of, probes_unchanged, with_hint
 
 
 def test_a_hint_longer_than_every_probe_is_probed_too_within_the_context() -> None:

@@ -39,7 +39,6 @@ import asyncio
 import dataclasses
 import itertools
 import logging
-import math
 import random
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -58,23 +57,25 @@ from narwhal.models.profile import (
     CONCURRENT_PROBES,
     CONCURRENT_PROMPT,
     MIN_TPOT_S,
-    PROBE_MARGIN,
     PROBE_OUTPUT,
     PROBE_PROMPTS,
-    Concurrency,
     ConcurrentSample,
     ProbeSample,
-    Profile,
     ProfileError,
     Source,
-    dot,
-    fit_concurrency,
     fit_probe_sizes,
     fit_profile,
-    prefill_features,
     rescale,
 )
 from narwhal.profiling.probe_text import ProbeCounter, ProbeText
+from narwhal.profiling.readings import (
+    check_within,
+    concurrency_of,
+    probe_route,
+    probes_unchanged,
+    step_tokens,
+    with_hint,
+)
 from narwhal.protocol.assembly import Assembler
 from narwhal.protocol.dialects import DialectCapabilities
 from narwhal.protocol.exposure import Exposure
@@ -337,7 +338,7 @@ class Profiler:
             1e3 * profile.tpot[0],
             profile.prefill_discipline,
             _fmt(profile.concurrent_first_token_spread),
-            _step_tokens(profile),
+            step_tokens(profile),
             profile.samples,
             "/".join(map(str, profile.probe_prompt_tokens)),
             SOLO_PASSES,
@@ -397,7 +398,7 @@ class Profiler:
         placed = False
         try:
             client = self._clients[name]
-            route, _ = _route_of(entry.capabilities)
+            route, _ = probe_route(entry.capabilities)
             health = entry.health
             context = health.max_model_len if health is not None else None
             (size,) = fit_probe_sizes((tokens,), context)
@@ -449,7 +450,7 @@ class Profiler:
     ) -> tuple[list[ProbeSample], list[ConcurrentSample], Source, str]:
         """The solo probes, then the concurrent ones; and how their texts were sized."""
         client = self._clients[entry.name]
-        route, source = _route_of(entry.capabilities)
+        route, source = probe_route(entry.capabilities)
         sizes = fit_probe_sizes(
             with_hint(self._probe_sizes() or PROBE_PROMPTS, model.probe_size_hint(), context),
             context,
@@ -468,7 +469,7 @@ class Profiler:
             for target in sizes:
                 text, _ = await texts.build(target)
                 probed = await self._probe(entry, model, client, route, text, PROBE_OUTPUT)
-                _check_within(probed.sample, context, PROBE_OUTPUT)
+                check_within(probed.sample, context, PROBE_OUTPUT)
                 if not texts.counted:
                     texts.learn(text, probed.sample.prompt_tokens)
                 measured.append(probed.sample)
@@ -587,51 +588,6 @@ class Profiler:
         return parse_request(msgspec.json.encode(body), route, model=self._model)
 
 
-def _route_of(engine: DialectCapabilities) -> tuple[Route, Source]:
-    """The route probes take (the one the engine gives token IDs on, else chat) and what
-    their timing is read from."""
-    route: Route = "completion" if engine.token_ids_on else "chat"
-    source: Source = "token_ids" if route in engine.token_ids_on else "usage_and_events"
-    return route, source
-
-
-def _step_tokens(profile: Profile) -> str:
-    """What the concurrent probes showed of a step's budget, for the log."""
-    if profile.concurrent_step_tokens is not None:
-        return f"under {profile.concurrent_step_tokens}"
-    if profile.concurrent_prompt_tokens is None:
-        return "an unknown number of"
-    return f"at least {CONCURRENT_PROBES * profile.concurrent_prompt_tokens}"
-
-
-def concurrency_of(profile: Profile, samples: Sequence[ConcurrentSample]) -> Concurrency:
-    """The discipline the samples of prompts sent together show: the one of least spread
-    (see `_probe_all`), at the cost of the fastest. A busy host only adds time, to the
-    gaps between first tokens and to the last of them alike, so the least of each is the
-    nearest the engine's own (a serial engine's two samples on a host with a core held
-    busy: one took twice its time)."""
-    fits = [
-        fit_concurrency(s, dot(profile.prefill, prefill_features(s.prompt_tokens, 0.0)))
-        for s in samples
-    ]
-    fastest = max(fits, key=lambda fit: fit.batched_tokens_per_s)
-    return dataclasses.replace(
-        min(fits, key=lambda fit: fit.spread),
-        batched_tokens_per_s=fastest.batched_tokens_per_s,
-        batched_cost_ratio=fastest.batched_cost_ratio,
-    )
-
-
-def _check_within(sample: ProbeSample, context: int | None, output: int) -> None:
-    """An estimated probe the engine counted over its context would have been refused;
-    one it accepted but counted past the limit says the sizing is wrong: not a profile."""
-    if context is not None and sample.prompt_tokens + output > context:
-        raise ProfileError(
-            f"a probe of {sample.prompt_tokens} prompt tokens (the engine's count) and "
-            f"{output} output tokens exceeds max_model_len {context}"
-        )
-
-
 def _fmt(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.2f}"
 
@@ -642,20 +598,3 @@ def _reason(error: BaseException) -> str:
     if isinstance(error, NarwhalError):
         return error.message
     return str(error)
-
-
-def probes_unchanged(profile: Profile) -> bool:
-    """Whether a re-profile's probes measured the engine within the drift threshold of
-    the profile they were scaled against (`rescale`), prefill and TPOT."""
-    return all(abs(math.log(k)) < DRIFT_THRESHOLD for k in profile.rescaled)
-
-
-def with_hint(sizes: Sequence[int], hint: int | None, context: int | None) -> tuple[int, ...]:
-    """The probe sizes, and one of the length clients' prompts have been (`hint`) where it
-    is longer than them all by more than a quarter: within the context, beside them."""
-    sizes = tuple(sizes)
-    if hint is None or hint <= 1.25 * max(sizes):
-        return sizes
-    if context is not None:
-        hint = min(hint, context - PROBE_OUTPUT - PROBE_MARGIN)
-    return sizes if hint <= max(sizes) else (*sizes, hint)
