@@ -111,6 +111,8 @@ def render_panel(panel: Panel, panel_id: int, x: int, y: int) -> dict[str, Any]:
             "spanNulls": False,
             "stacking": {"mode": "normal" if panel.stacked else "none", "group": "A"},
         }
+        if panel.threshold_lines:
+            defaults["custom"]["thresholdsStyle"] = {"mode": "line"}
         options = {
             "legend": {"displayMode": "list", "placement": "bottom", "showLegend": True},
             "tooltip": {"mode": "multi", "sort": "desc"},
@@ -184,8 +186,9 @@ def dashboard() -> dict[str, Any]:
     return {
         "uid": "narwhal-router",
         "title": "Narwhal",
-        "description": "Narwhal routers: traffic and outcomes, refusals, latency per engine, "
-        "engine health, admission, prefix cache, the router process.",
+        "description": "Narwhal routers: the promise's SLO burn rates, traffic and outcomes, "
+        "refusals, latency per engine, engine health, admission, prefix cache, the router "
+        "process.",
         "tags": ["narwhal", "llm", "router"],
         "schemaVersion": 39,
         "version": 1,

@@ -42,6 +42,7 @@ class Panel:
     mappings: list[dict[str, Any]] = field(default_factory=list)
     overrides: list[dict[str, Any]] = field(default_factory=list)
     thresholds: list[tuple[float | None, str]] = field(default_factory=lambda: [(None, "green")])
+    threshold_lines: bool = False  # timeseries: draw the thresholds (the alerts' levels)
 
 
 @dataclass(frozen=True)
@@ -94,6 +95,28 @@ def engine_max(metric: str) -> str:
 
 def outcomes_rate(outcome_matcher: str) -> str:
     return f"sum(rate(narwhal_outcomes_total{{{outcome_matcher}, {ROUTERS}}}[{RATE}]))"
+
+
+# Both SLOs of the promise allow 1% (deploy/prometheus/narwhal-alerts.yaml): a burn rate
+# of 1 spends a 30-day error budget in 30 days. The alerts page at 14.4 over both 1h and
+# 5m, and open a ticket at 6 over both 6h and 30m; the panels draw those two levels.
+SLO_BUDGET = 0.01
+BURN_WINDOWS = ("5m", "30m", "1h", "6h")
+BURN_THRESHOLDS: list[tuple[float | None, str]] = [(None, "green"), (6, "orange"), (14.4, "red")]
+
+
+def burn_rate(metric: str, bad: str, window: str, selector: str = ROUTERS, by: str = "") -> str:
+    """The share of `metric`'s increase that matches `bad` over `window`, as a multiple of
+    the error budget."""
+    aggregation = f"sum by ({by}) " if by else "sum"
+    return (
+        f"{aggregation}(rate({metric}{{{bad}, {selector}}}[{window}])) / "
+        f"{aggregation}(rate({metric}{{{selector}}}[{window}])) / {SLO_BUDGET}"
+    )
+
+
+def burn_rates(metric: str, bad: str) -> list[Query]:
+    return [Query(burn_rate(metric, bad, w), w) for w in BURN_WINDOWS]
 
 
 # ---- The panels --------------------------------------------------------------------------
@@ -177,6 +200,126 @@ OVERVIEW = Row(
     ],
 )
 
+
+TTFT_MISSED = 'within_budget="false"'
+KNOWN_CLASS = ROUTERS + ', class!="none"'
+KNOWN_TENANT = ROUTERS + ', tenant!="none"'
+PROMISE = Row(
+    "The promise: SLO burn rates",
+    [
+        Panel(
+            "TTFT budget: burn rate",
+            burn_rates("narwhal_class_ttft_total", TTFT_MISSED),
+            width=12,
+            thresholds=BURN_THRESHOLDS,
+            threshold_lines=True,
+            description="Admitted requests whose first token missed admission.ttft_target_s, "
+            "as a multiple of the 1% the SLO allows (99% within the budget), over each "
+            "alert window. NarwhalTTFTBudgetBurnFast pages at 14.4 over both 1h and 5m, "
+            "NarwhalTTFTBudgetBurnSlow opens a ticket at 6 over both 6h and 30m.",
+        ),
+        Panel(
+            "Projection bound: burn rate",
+            burn_rates("narwhal_ttft_bound_total", 'outcome="exceeded"'),
+            width=12,
+            thresholds=BURN_THRESHOLDS,
+            threshold_lines=True,
+            description="First tokens that came after the bound predictive admission held "
+            "their projection to, as a multiple of the 1% the SLO allows, over each alert "
+            "window (NarwhalProjectionBoundBurnFast, NarwhalProjectionBoundBurnSlow). "
+            "Burning here and on the TTFT budget: the engines are slower than projected.",
+        ),
+        Panel(
+            "TTFT budget burn rate by class (1h)",
+            [
+                Query(
+                    burn_rate("narwhal_class_ttft_total", TTFT_MISSED, "1h", KNOWN_CLASS, "class"),
+                    "{{class}}",
+                )
+            ],
+            thresholds=BURN_THRESHOLDS,
+            threshold_lines=True,
+            description="The page's long window, by priority class: every admitted request "
+            "is promised the same budget, whatever its class.",
+        ),
+        Panel(
+            "TTFT budget burn rate by tenant (1h)",
+            [
+                Query(
+                    burn_rate(
+                        "narwhal_class_ttft_total", TTFT_MISSED, "1h", KNOWN_TENANT, "tenant"
+                    ),
+                    "{{tenant}}",
+                )
+            ],
+            thresholds=BURN_THRESHOLDS,
+            threshold_lines=True,
+            description="The page's long window, by tenant: whose admitted requests miss.",
+        ),
+        Panel(
+            "Healthy engines without a profile",
+            [
+                Query(
+                    f"sum by (instance) ((narwhal_engine_profiled{{{ENGINES}}} == bool 0) "
+                    f"* on (job, instance, engine) narwhal_engine_up{{{ENGINES}}})",
+                    "{{instance}}",
+                )
+            ],
+            thresholds=[(None, "green"), (1, "orange")],
+            threshold_lines=True,
+            description="Engines that pass their health checks but have no profile, per "
+            "router: predictive admission places nothing on them (NarwhalEngineUnprofiled "
+            "after 10 minutes). The Profiled panel below says which.",
+        ),
+        Panel(
+            "Refused share by reason (predictive, 429)",
+            [
+                Query(
+                    rate("narwhal_refused_total", by="reason")
+                    + " / on () group_left "
+                    + rate("narwhal_offered_total"),
+                    "{{reason}}",
+                )
+            ],
+            unit="percentunit",
+            stacked=True,
+            thresholds=[(None, "green"), (0.01, "orange")],
+            description="Refusals over requests offered. prompt: the prompt alone is over "
+            "the budget, which no capacity helps (NarwhalPromptsOverBudget over 1% for an "
+            "hour); projected: the fleet is short for the load (NarwhalRefusalsSustained).",
+        ),
+        Panel(
+            "Refused share by class and reason (429)",
+            [
+                Query(
+                    rate("narwhal_class_refusals_total", KNOWN_CLASS, "class, reason")
+                    + " / on (class) group_left "
+                    + rate("narwhal_class_offered_total", KNOWN_CLASS, "class"),
+                    "{{class}} {{reason}}",
+                )
+            ],
+            unit="percentunit",
+            description="Each class's 429s (capacity, quota and predictive) over its "
+            "offered requests: the lower classes are refused first. The highest class over "
+            "1% is NarwhalHighestClassRefused.",
+        ),
+        Panel(
+            "Refused share by tenant and reason (429)",
+            [
+                Query(
+                    rate("narwhal_class_refusals_total", KNOWN_TENANT, "tenant, reason")
+                    + " / on (tenant) group_left "
+                    + rate("narwhal_class_offered_total", KNOWN_TENANT, "tenant"),
+                    "{{tenant}} {{reason}}",
+                )
+            ],
+            unit="percentunit",
+            description="Each tenant's 429s over its offered requests: tenant_quota is its "
+            "own requests_per_min or tokens_per_min; projected, a tenant over its fair "
+            "share under overload; prompt, its prompts alone over the budget.",
+        ),
+    ],
+)
 
 TRAFFIC = Row(
     "Traffic and outcomes",
@@ -705,5 +848,5 @@ CLASSES = Row(
     ],
 )
 
-ROWS = [OVERVIEW, TRAFFIC, REFUSALS, CLASSES, LATENCY, ENGINE_HEALTH, ENGINE_LOAD, ADMISSION,
-        PREFIX, PROCESS]  # fmt: skip
+ROWS = [OVERVIEW, PROMISE, TRAFFIC, REFUSALS, CLASSES, LATENCY, ENGINE_HEALTH, ENGINE_LOAD,
+        ADMISSION, PREFIX, PROCESS]  # fmt: skip

@@ -19,6 +19,8 @@ DASHBOARD = ROOT / "deploy" / "grafana" / "narwhal.json"
 RULES = ROOT / "deploy" / "prometheus" / "narwhal-alerts.yaml"
 RULES_TEST = ROOT / "deploy" / "prometheus" / "narwhal-alerts.test.yaml"
 GENERATOR = ROOT / "scripts" / "grafana_dashboard.py"
+PROMETHEUS_RULE = ROOT / "deploy" / "kubernetes" / "prometheusrule.yaml"
+RULE_GENERATOR = ROOT / "scripts" / "prometheus_rule.py"
 
 # What Grafana puts in place of its variables before a query reaches Prometheus: a window
 # for the interval, and the "All" value (`.*`) for each selector variable.
@@ -121,16 +123,27 @@ def rule_expressions() -> list[Expression]:
 
 
 def generator() -> ModuleType:
-    """scripts/grafana_dashboard.py, imported as running it would: scripts/ is not a
-    package, and the script imports its sibling grafana_panels (scripts/ is on the path
-    only while it does, so that nothing else there shadows a module)."""
-    spec = importlib.util.spec_from_file_location("grafana_dashboard", GENERATOR)
+    """scripts/grafana_dashboard.py, imported as running it would."""
+    return _script(GENERATOR)
+
+
+def rule_generator() -> ModuleType:
+    """scripts/prometheus_rule.py, imported as running it would."""
+    return _script(RULE_GENERATOR)
+
+
+def _script(path: Path) -> ModuleType:
+    """A script of scripts/, imported as running it would: scripts/ is not a package, and
+    a script may import its siblings (grafana_dashboard imports grafana_panels), so
+    scripts/ is on the path only while it runs, so that nothing else there shadows a
+    module."""
+    spec = importlib.util.spec_from_file_location(path.stem, path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # dataclasses look their module up while it runs
-    sys.path.insert(0, str(GENERATOR.parent))
+    sys.path.insert(0, str(path.parent))
     try:
         spec.loader.exec_module(module)
     finally:
-        sys.path.remove(str(GENERATOR.parent))
+        sys.path.remove(str(path.parent))
     return module

@@ -34,6 +34,12 @@ def test_the_alerts_cover_what_fails_in_a_fleet() -> None:
         "NarwhalEventLoopLagHigh",
         "NarwhalHighestClassRefused",  # the priority classes' promise
         "NarwhalClassAttainmentLow",
+        "NarwhalTTFTBudgetBurnFast",  # the promise's SLOs, by burn rate
+        "NarwhalTTFTBudgetBurnSlow",
+        "NarwhalProjectionBoundBurnFast",
+        "NarwhalProjectionBoundBurnSlow",
+        "NarwhalPromptsOverBudget",  # refusals no capacity answers
+        "NarwhalEngineUnprofiled",
     } <= names
 
 
@@ -45,3 +51,19 @@ def test_names_are_unique_and_recordings_follow_the_naming_convention() -> None:
     for rule in rules():
         if "record" in rule:  # level:metric:operations
             assert re.fullmatch(r"[a-z_]+:narwhal_[a-z_]+:[a-z0-9_]+", rule["record"]), rule
+
+
+# The SRE workbook's pairs: (long window, short window) -> (burn rate, severity). A burn
+# over both windows at one rate, on one SLI, against the 1% budget of both SLOs.
+BURN_WINDOWS = {("1h", "5m"): (14.4, "critical"), ("6h", "30m"): (6.0, "warning")}
+_BURN = re.compile(r"(job:narwhal_\w+):rate(\d+[mh]) > \(([\d.]+) \* 0\.01\)")
+
+
+def test_burn_rate_alerts_pair_a_long_and_a_short_window_at_one_rate() -> None:
+    burns = [a for a in alerts() if "Burn" in a["alert"]]
+    assert len(burns) == 4
+    for alert in burns:
+        name = alert["alert"]
+        (sli, long, rate), (short_sli, short, short_rate) = _BURN.findall(alert["expr"])
+        assert sli == short_sli and rate == short_rate, name
+        assert (float(rate), alert["labels"]["severity"]) == BURN_WINDOWS[long, short], name
