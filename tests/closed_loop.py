@@ -1,11 +1,12 @@
 """Narwhal's decision core against a simulated engine, in virtual time (sans-IO, no sockets).
 
 The predictive stack the router builds (`narwhal.router`: registry, model book, placement
-learning, projecting scorer, predictive check, admission controller) is driven here by an
-engine's step model (`narwhal.sim.model`, any of its prefill disciplines) on one clock:
-arrivals are checked and placed as the dispatcher would, each engine runs its steps back
-to back while it has work, first tokens and last tokens go back to admission as the relay
-would report them (through a real `OutputTracker` fed events of the engine's shape), and
+learning, projecting scorer, predictive check, admission controller, behind the decision
+core `Brain`) is driven here by an engine's step model (`narwhal.sim.model`, any of its
+prefill disciplines) on one clock, through the core's messages alone: arrivals are
+offered as the dispatcher offers them, each engine runs its steps back to back while it
+has work, first tokens, the output produced (in batches) and the end go back as the gate
+reports them (counted by a real `OutputTracker` fed events of the engine's shape), and
 the engines' metrics are scraped once a second as the fleet monitor would.
 
 What it is for: measuring the projection and its bound against engines of disciplines it
@@ -27,10 +28,21 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
-from narwhal.admission.controller import Admission, Wakeups
+from narwhal.admission.controller import Admission
 from narwhal.admission.predictive import PredictiveCheck
-from narwhal.admission.queue import Ticket, TicketState
 from narwhal.config import EngineConfig
+from narwhal.decision.brain import Brain, BrainSettings
+from narwhal.decision.messages import (
+    Finished,
+    FirstToken,
+    Offer,
+    OutputSummary,
+    Placed,
+    Progress,
+    Queued,
+    Refused,
+    Wakeups,
+)
 from narwhal.errors import CapacityRejected, PromptExceedsTtftBudget, TtftBudgetExceeded
 from narwhal.fleet.scrape import EngineScrape
 from narwhal.fleet.state import EngineHealth
@@ -48,9 +60,9 @@ from narwhal.models.profile import (
     fit_profile,
     prefill_features,
 )
+from narwhal.ops.state import RouterState
 from narwhal.protocol.tracker import OutputTracker
 from narwhal.scheduler.learning import PlacementLearning
-from narwhal.scheduler.placement import PlacementRequest
 from narwhal.scheduler.predictive import ProjectingScorer
 from narwhal.scheduler.registry import EngineRegistry
 from narwhal.scheduler.scheduler import Scheduler
@@ -59,6 +71,7 @@ from narwhal.sim.options import SimOptions
 
 Policy = Literal["predictive", "open", "queue"]
 SCRAPE_EVERY_S = 1.0
+PROGRESS_EVERY_S = 0.05  # as the gate batches what decoding requests have produced
 # The engines the projection is measured against (tests and scripts/perf/projection.py):
 # the sim's prefill disciplines, and a chunked engine shaped like vLLM's CPU build on a
 # tiny model (2,048-token steps, fast prefill, cheap decode).
@@ -102,7 +115,6 @@ class Record:
     outcome: str = "pending"  # admitted | refused_prompt | refused_projected | rejected
     engine: str | None = None
     checked_upper: float | None = None  # the projection's bound on TTFT from arrival
-    expected: float | None = None
     first_token_at: float | None = None
     done_at: float | None = None
 
@@ -189,7 +201,7 @@ class ClosedLoop:
             listener = PlacementLearning(self.book)
             self.scheduler.scorer = ProjectingScorer(self.book, clock=lambda: self.now)
             self.check = PredictiveCheck(self.registry, self.book, ttft_budget_s=budget)
-        self.admission = Admission(
+        admission = Admission(
             self.scheduler,
             max_retained=1 << 20,
             queue_limit=queue_limit,
@@ -197,11 +209,20 @@ class ClosedLoop:
             decode_limit=1 << 20,
             listener=listener,
         )
+        self.brain = Brain(
+            BrainSettings(ttft_target_s=budget),
+            RouterState(),
+            admission,
+            check=self.check,
+            lengths=None if self.book is None else self.book.lengths,
+        )
         self.now = 0.0
         self._events: list[_Event] = []
         self._order = itertools.count()
-        self._records: dict[Ticket, Record] = {}
-        self._sequences: dict[Ticket, sim_model.Sequence] = {}
+        self._ids = itertools.count()
+        self._records: dict[str, Record] = {}  # by request id, while admitted
+        self._outputs: dict[str, OutputTracker] = {}  # by request id, once placed
+        self._progress_at = -math.inf
         self._scrape()
 
     # --- profiling ---------------------------------------------------------------------------
@@ -283,64 +304,56 @@ class ClosedLoop:
     def _push(self, at: float, kind: str, payload: object) -> None:
         heapq.heappush(self._events, _Event(at, next(self._order), kind, payload))
 
+    def _time(self) -> float:
+        """The time for the core, the output produced sent first as the gate sends it:
+        in a batch, at most every PROGRESS_EVERY_S."""
+        now = self.now
+        if self._outputs and now - self._progress_at >= PROGRESS_EVERY_S:
+            self._progress_at = now
+            produced = tuple((rid, out.tokens) for rid, out in self._outputs.items())
+            self.brain.progress(Progress(produced), now)
+        return now
+
     def _arrive(self, arrival: Arrival) -> Record:
         record = Record(arrival)
-        request = self._request(arrival)
-        ticket = Ticket(request)
-        if self.check is not None:
-            try:
-                projection = self.check.check(
-                    request, arrived=self.now, now=self.now, queued=len(self.admission.queue)
-                )
-            except PromptExceedsTtftBudget:
+        request_id = f"r{next(self._ids)}"
+        offer = Offer.exact(request_id, "completion", arrival.prompt_tokens, None, arrived=self.now)
+        answer, wakeups = self.brain.offer(offer, self._time())
+        if isinstance(answer, Refused):
+            error = answer.error
+            if isinstance(error, PromptExceedsTtftBudget):
                 record.outcome = "refused_prompt"
-                return record
-            except TtftBudgetExceeded:
+            elif isinstance(error, TtftBudgetExceeded):
                 record.outcome = "refused_projected"
-                return record
-            if projection is not None:
-                ticket.projected_ttft = projection.raw
-                ticket.projected_upper = projection.upper
-                ticket.checked_at = self.now
-                record.checked_upper = projection.upper
-                record.expected = projection.expected
-        try:
-            wakeups = self.admission.start(ticket, self.now)
-        except CapacityRejected:
-            record.outcome = "rejected"
+            else:
+                assert isinstance(error, CapacityRejected), error
+                record.outcome = "rejected"
+            self._wake(self.brain.finished(Finished(request_id), self.now))
             return record
+        assert isinstance(answer, Placed | Queued), answer
         record.outcome = "admitted"
-        self._records[ticket] = record
+        self._records[request_id] = record
+        if isinstance(answer, Placed):
+            self._submit(answer)
         self._wake(wakeups)
         return record
 
-    def _request(self, arrival: Arrival) -> PlacementRequest:
-        book = self.book
-        if book is None:
-            return PlacementRequest.sized("completion", arrival.prompt_tokens, None)
-        predicted = book.lengths.predict("completion", arrival.prompt_tokens, None)
-        return PlacementRequest(
-            "completion", arrival.prompt_tokens, None, predicted, ttft_due=self.now + self.budget
-        )
-
     def _wake(self, wakeups: Wakeups) -> None:
-        for ticket in wakeups.started:
-            self._submit(ticket)
-        for ticket in wakeups.unplaceable:
-            self._records.pop(ticket, None)
+        for placed in wakeups.placed:
+            self._submit(placed)
+        for request_id in wakeups.unplaceable:
+            self._records.pop(request_id, None)
 
-    def _submit(self, ticket: Ticket) -> None:
-        plan = ticket.plan
-        assert plan is not None
-        record = self._records[ticket]
-        record.engine = plan.first.name
-        run = self.runs[plan.first.name]
+    def _submit(self, placed: Placed) -> None:
+        record = self._records[placed.request_id]
+        record.engine = placed.first
+        record.checked_upper = placed.projected_upper
+        run = self.runs[placed.first]
         seq = sim_model.Sequence(
-            ticket.request.prompt_tokens, record.arrival.output_tokens, finish_reason="length"
+            placed.prompt_tokens, record.arrival.output_tokens, finish_reason="length"
         )
-        seq.waiter = ticket
-        ticket.output = OutputTracker("completion", token_ids=True, choices=1)
-        self._sequences[ticket] = seq
+        seq.waiter = placed.request_id
+        self._outputs[placed.request_id] = OutputTracker("completion", token_ids=True, choices=1)
         run.engine.add(seq, self.now)
         self._kick(run)
 
@@ -358,25 +371,28 @@ class ClosedLoop:
         result = run.engine.finish_step(step, self.now)
         wakeups = Wakeups()
         for seq in result.progressed:
-            ticket = seq.waiter
-            if not isinstance(ticket, Ticket):
+            request_id = seq.waiter
+            if not isinstance(request_id, str):
                 continue
-            output = ticket.output
-            assert output is not None
+            output = self._outputs[request_id]
             reason = "length" if seq.finished else None
             output.observe(
                 {"choices": [{"index": 0, "text": "x", "token_ids": [7], "finish_reason": reason}]},
                 self.now,
             )
-            record = self._records[ticket]
+            record = self._records[request_id]
             if record.first_token_at is None:
                 record.first_token_at = self.now
-                _merge(wakeups, self.admission.first_token(ticket, self.now))
+                wakeups += self.brain.first_token(FirstToken(request_id), self._time())
             if seq.finished:
                 record.done_at = self.now
-                _merge(wakeups, self.admission.finish(ticket, self.now))
-                self._records.pop(ticket, None)
-                self._sequences.pop(ticket, None)
+                del self._outputs[request_id]
+                tokens, source = output.output_tokens()
+                summary = OutputSummary(
+                    tokens, source != "events", output.finished, output.time_per_output_token()
+                )
+                wakeups += self.brain.finished(Finished(request_id, summary), self._time())
+                self._records.pop(request_id, None)
         self._wake(wakeups)
         self._kick(run)
 
@@ -394,13 +410,9 @@ class ClosedLoop:
             health.own_at_scrape = entry.own_requests  # as the fleet monitor reads it
             entry.health = health
 
-    def pending(self) -> Iterator[Ticket]:
-        return (t for t in self._records if t.state is not TicketState.DONE)
-
-
-def _merge(into: Wakeups, more: Wakeups) -> None:
-    into.started += more.started
-    into.unplaceable += more.unplaceable
+    def pending(self) -> Iterator[str]:
+        """The requests admitted and not yet done, by id."""
+        return iter(list(self._records))
 
 
 # --- what a run says ---------------------------------------------------------------------------

@@ -3,8 +3,10 @@ and which floors it may lean on. Checked on the source of every module, includin
 modules added later, so a new arrow upward or a new module loose at the package root
 fails here before a reader has to find it.
 
-The rules are those that hold today; the decision core of Step 15 adds its own when it
-lands (`tests/protocol/test_sans_io.py` holds protocol's)."""
+The decision core (`narwhal.decision`) and what it is made of (`admission`, `scheduler`,
+`models`) are sans-IO: checked here as `tests/protocol/test_sans_io.py` checks protocol.
+The attempt runner (`dispatch`) reaches the decisions through the core's protocol and its
+messages only, never its implementation or admission's parts."""
 
 from __future__ import annotations
 
@@ -27,7 +29,6 @@ ROOT_MODULES = frozenset(
         "serve",  # `narwhal serve`: process, signals, listeners
         "check_config",  # `narwhal check-config`
         "router",  # the composition root
-        "dispatch",  # the attempt runner (Step 15 gives it a package with the seam)
         "lease",  # what a dispatched request holds and gives back
         "errors",  # the error tree every floor raises
     }
@@ -50,6 +51,27 @@ MAY_IMPORT: dict[str, frozenset[str]] = {
     "engines": frozenset({"config", "errors", "protocol"}),
     # Placement sits under admission: it is told about tickets, it does not import them.
     "scheduler": frozenset({"config", "errors", "fleet", "models", "protocol"}),
+    # Admission's parts (retention, the queue, the predictive check, classes, tenants)
+    # sit under the decision core that composes them.
+    "admission": frozenset({"config", "errors", "models", "protocol", "scheduler"}),
+    "decision": frozenset(
+        {"admission", "config", "errors", "models", "ops", "protocol", "scheduler", "sizing"}
+    ),
+    # The attempt runner and the core's asyncio shell: no admission part, no model.
+    "dispatch": frozenset(
+        {
+            "config",
+            "decision",
+            "engines",
+            "errors",
+            "lease",
+            "observability",
+            "ops",
+            "protocol",
+            "scheduler",
+            "sizing",
+        }
+    ),
     "profiling": frozenset(
         {"config", "engines", "errors", "models", "protocol", "scheduler", "sizing"}
     ),
@@ -62,10 +84,18 @@ NOT_IMPORTED: dict[str, frozenset[str]] = {
     # High availability asks for the replicated operator state to be read back
     # (`ReplicatedState`); it does not know what is in it.
     "ha": frozenset({"narwhal.ops.operator_state"}),
+    # The seam: the core's protocol and messages, never the core itself (`Brain` may run
+    # in another process; the composition root hands it over).
+    "dispatch": frozenset({"narwhal.decision.brain"}),
 }
 # Nothing of I/O in the models: the caller passes `now` and does the I/O.
 MODELS_FORBIDDEN = frozenset(
     {"asyncio", "aiohttp", "socket", "time", "threading", "prometheus_client", "logging"}
+)
+# Nor in the decision core or admission's parts: time is passed in, the shell waits.
+SANS_IO_FLOORS = ("decision", "admission")
+SANS_IO_FORBIDDEN = frozenset(
+    {"asyncio", "aiohttp", "uvloop", "socket", "time", "threading", "selectors", "ssl"}
 )
 
 
@@ -130,6 +160,17 @@ def test_the_models_are_math_over_values(path: Path) -> None:
     for name in _imports(path):
         top = name.split(".")[0]
         assert top not in MODELS_FORBIDDEN, f"models/{path.name} imports {name}"
+
+
+@pytest.mark.parametrize(
+    "path",
+    [p for p in MODULES if _floor(p) in SANS_IO_FLOORS],
+    ids=lambda p: str(p.relative_to(PACKAGE)),
+)
+def test_the_decision_core_is_sans_io(path: Path) -> None:
+    for name in _imports(path):
+        top = name.split(".")[0]
+        assert top not in SANS_IO_FORBIDDEN, f"{path.relative_to(PACKAGE)} imports {name}"
 
 
 def test_the_rules_see_every_floor() -> None:

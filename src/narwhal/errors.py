@@ -246,6 +246,11 @@ class RouterUnavailable(NarwhalError):
     outcome = "unavailable"
     default_retry_after = 1
 
+    @classmethod
+    def not_admitting(cls, reason: str) -> RouterUnavailable:
+        """The 503 of a router that is not admitting, by the reason its state gives."""
+        return cls(f"This router is not serving requests ({reason}).")
+
 
 class TerminalExpiry(NarwhalError):
     status = 504

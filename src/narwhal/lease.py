@@ -21,7 +21,6 @@ from narwhal.ops.drain import Drain
 from narwhal.sizing import PromptSize
 
 if TYPE_CHECKING:
-    from narwhal.admission.queue import Ticket
     from narwhal.dispatch import Dispatcher
 
 _DRAIN_TIMEOUT_S = 1.0
@@ -91,7 +90,6 @@ class StreamLease:
     __slots__ = (
         "_dispatcher",
         "_finished",
-        "_ticket",
         "_trace",
         "context",
         "deadline",
@@ -102,7 +100,6 @@ class StreamLease:
     def __init__(
         self,
         dispatcher: Dispatcher,
-        ticket: Ticket,
         context: RequestContext,
         stream: EngineStream,
         first: bytes,
@@ -110,7 +107,6 @@ class StreamLease:
         trace: AttemptTrace,
     ) -> None:
         self._dispatcher = dispatcher
-        self._ticket = ticket
         self._trace = trace
         self._finished = False
         self.context = context
@@ -152,7 +148,8 @@ class StreamLease:
             if outcome in ("upstream_error", "expired"):
                 self._trace.fail(f"the stream ended {outcome} after the response started")
             self._trace.end(self.stream)
-            dispatcher.release(self._ticket)  # whatever accounting did (a bug is raised on)
+            # (whatever accounting did: a bug is raised on)
+            dispatcher.release(self.context.request_id, self.stream.tracker)
 
 
 @dataclass(slots=True)

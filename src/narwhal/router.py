@@ -39,7 +39,6 @@ from aiohttp import web
 
 from narwhal.admission.classes import PriorityClasses
 from narwhal.admission.controller import Admission, PlacementListener
-from narwhal.admission.gate import AdmissionGate
 from narwhal.admission.predictive import PredictiveCheck
 from narwhal.admission.tenants import Tenants
 from narwhal.api.admin import AdminRoutes
@@ -48,7 +47,9 @@ from narwhal.api.auth import BearerTokens
 from narwhal.api.completions import CompletionFront
 from narwhal.api.ops import OpsRoutes
 from narwhal.config import Config, ConfigError, resolve_secrets
+from narwhal.decision.brain import Brain, BrainSettings
 from narwhal.dispatch import Dispatcher
+from narwhal.dispatch.gate import AdmissionGate
 from narwhal.engines.client import EngineClient
 from narwhal.engines.upstream import UpstreamPool
 from narwhal.errors import RouterUnavailable
@@ -169,9 +170,19 @@ class Router:
             weight=self.tenants.weight,
             aging_s=classes.aging_s,
         )
-        self.gate = AdmissionGate(
-            self.admission, self.metrics, wait_timeout_s=admission.wait_timeout_s
+        # Every decision behind one seam: the gate, its asyncio shell, speaks to it in
+        # values (`narwhal.decision`).
+        self.brain = Brain(
+            BrainSettings(ttft_target_s=admission.ttft_target_s),
+            self.state,
+            self.admission,
+            check=check,
+            lengths=None if self.book is None else self.book.lengths,
+            admitted=self.tenants.admitted,
         )
+        self.gate = AdmissionGate(self.brain, self.metrics, wait_timeout_s=admission.wait_timeout_s)
+        for entry in self.registry.entries.values():
+            self.gate.watch_engine(entry)
         # At the drain deadline, a request still waiting for a slot is refused like one
         # arriving now (a retry may be waiting: the first attempt failed during the drain).
         self.drain.subscribe(
@@ -195,17 +206,15 @@ class Router:
         self.dispatcher = Dispatcher(
             config,
             self.metrics,
-            self.registry,
-            self.scheduler,
+            self.brain,
             self.gate,
             self.clients,
             self.state,
-            check=check,
-            lengths=None if self.book is None else self.book.lengths,
+            monitoring_degraded=self._monitoring_degraded,
+            prefix=self.prefix,
             prompt_counted=self.sizer.observe_engine_prompt_tokens,
             engine_count=self.sizer.engine_count if self.sizer.calibrating else None,
             drain=self.drain,
-            admitted=self.tenants.admitted,
         )
         self.report = EngineReport(self.registry, self.scheduler, lambda: self.classes.names)
         api_keys = self.api_keys = BearerTokens(config.client_keys)
@@ -272,7 +281,7 @@ class Router:
         monitor.count_own_requests(self._own_requests)
         self.registry.set_health_predicate(monitor.is_placeable)
         monitor.subscribe(self.dispatcher.capacity_changed)
-        self.dispatcher.monitor = self.report.monitor = self.monitor = monitor
+        self.report.monitor = self.monitor = monitor
         self.sizer.attach_remote(EngineTokenizer(session, self._tokenize_candidates))
         await monitor.start()
         self.dispatcher.capacity_changed()  # the state of maintenance and monitoring
@@ -367,6 +376,7 @@ class Router:
         self.tenants.reconfigure(config.tenants, classes, time.monotonic())
         self.metrics.class_series(classes.names, self.tenants.names)
         controller.queue.aging_s = classes.aging_s
+        self.brain.settings.ttft_target_s = admission.ttft_target_s
         if self.book is not None:
             self.book.set_budget(admission.ttft_target_s)
         if self.check is not None:
@@ -423,6 +433,10 @@ class Router:
             ],
             "tenants": self.tenants.report(time.monotonic(), queued),
         }
+
+    def _monitoring_degraded(self) -> bool:
+        """Whether monitoring itself is why no engine is placeable (not before it runs)."""
+        return self.monitor is not None and self.monitor.monitoring_degraded()
 
     def _own_requests(self, name: str) -> int:
         entry = self.registry.get(name)

@@ -1,19 +1,14 @@
-"""Decode correction: a request's remaining decode work follows what it has produced."""
+"""Decode correction: a request's remaining decode work follows what it has produced, as
+reported to the book in batches (`DecodeBook.produced`)."""
 
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass
 
 import pytest
 
 from narwhal.models.decode import DecodeBook
 from narwhal.models.lengths import OutputLengths
-
-
-@dataclass
-class Output:
-    tokens: int = 0
 
 
 def learned(mean: float) -> OutputLengths:
@@ -26,17 +21,15 @@ def learned(mean: float) -> OutputLengths:
 
 def test_a_request_past_its_expected_length_still_counts() -> None:
     book = DecodeBook(learned(100), refresh_s=0.0)
-    long_runner = Output(tokens=0)
-    book.start("a", "chat", 100, None, long_runner)
+    book.start("a", "chat", 100, None)
     assert book.work(0.0) == pytest.approx(100, rel=0.15)
-    long_runner.tokens = 400  # far past its expected 100
+    book.produced("a", 400)  # far past its expected 100
     assert book.work(1.0) == pytest.approx(100, rel=0.3)  # memoryless: ~100 more, not 0
 
 
 def test_the_cap_bounds_what_is_left_and_stopped_requests_leave() -> None:
     book = DecodeBook(learned(1000), refresh_s=0.0)
-    capped = Output(tokens=60)
-    book.start("a", "chat", 100, 64, capped)
+    book.start("a", "chat", 100, 64, produced=60)
     assert book.work(0.0) == pytest.approx(4)
     book.stop("a")
     assert book.work(0.0) == 0.0 and len(book) == 0
@@ -44,18 +37,22 @@ def test_the_cap_bounds_what_is_left_and_stopped_requests_leave() -> None:
 
 def test_expected_batch_counts_each_for_its_share_of_the_horizon() -> None:
     book = DecodeBook(learned(100), refresh_s=0.0)
-    ending = Output(tokens=63)
-    book.start("ending", "chat", 100, 64, ending)  # one token left
-    book.start("fresh", "chat", 100, 10_000, Output(tokens=0))  # ~100 left
+    book.start("ending", "chat", 100, 64, produced=63)  # one token left
+    book.start("fresh", "chat", 100, 10_000)  # ~100 left
     batch = book.expected_batch(horizon=100, now=0.0)
     assert batch == pytest.approx(0.01 + 1.0, abs=0.2)
 
 
 def test_answers_are_refreshed_at_most_every_refresh_interval() -> None:
     book = DecodeBook(learned(100), refresh_s=1.0)
-    output = Output(tokens=0)
-    book.start("a", "chat", 100, 50, output)
+    book.start("a", "chat", 100, 50)
     first = book.work(10.0)
-    output.tokens = 49
+    book.produced("a", 49)
     assert book.work(10.5) == first  # cached
     assert book.work(11.0) == pytest.approx(1.0)
+
+
+def test_progress_for_a_request_not_decoding_here_is_ignored() -> None:
+    book = DecodeBook(learned(100), refresh_s=0.0)
+    book.produced("gone", 10)  # finished before its last batch arrived
+    assert len(book) == 0 and book.work(0.0) == 0.0

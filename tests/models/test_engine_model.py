@@ -102,16 +102,11 @@ def test_state_is_bounded_by_the_requests_in_flight() -> None:
     assert len(model.lane) == 0 and not model._pending
 
 
-class Produced:
-    def __init__(self, tokens: int) -> None:
-        self.tokens = tokens
-
-
 def test_full_sequence_slots_make_a_prompt_wait_for_the_first_decode_to_end() -> None:
     model = profiled()
     model.max_sequences = 2
-    model.decoding.start("short", "chat", 100, 20, Produced(10))  # 10 tokens left
-    model.decoding.start("long", "chat", 100, 1000, Produced(10))
+    model.decoding.start("short", "chat", 100, 20, produced=10)  # 10 tokens left
+    model.decoding.start("long", "chat", 100, 1000, produced=10)
     free = model.ttft(1000, 2.0, 0.0, sequences=1)
     full = model.ttft(1000, 2.0, 0.0, sequences=2)
     tpot = model.tpot(2.0, 0.0)
@@ -121,8 +116,8 @@ def test_full_sequence_slots_make_a_prompt_wait_for_the_first_decode_to_end() ->
 
 def test_a_full_kv_cache_makes_a_prompt_wait_for_decodes_to_free_room() -> None:
     model = profiled()
-    model.decoding.start("a", "chat", 40_000, 100, Produced(50))  # 50 left, holds 40,050
-    model.decoding.start("b", "chat", 40_000, 1000, Produced(50))
+    model.decoding.start("a", "chat", 40_000, 100, produced=50)  # 50 left, holds 40,050
+    model.decoding.start("b", "chat", 40_000, 1000, produced=50)
     # Half full: the cache holds about 160,200 tokens, learned from what these hold.
     assert model.ttft(2000, 2.0, 0.0, kv_usage=0.5) == pytest.approx(model.solo(2000), rel=0.2)
     assert model.kv_capacity == pytest.approx(160_200, rel=0.01)

@@ -58,7 +58,7 @@ Verdict = Literal["admit", "prompt", "projected", "unmodelled"]
 # Overload, as the check's own verdicts show it: more than this share of the decisions of
 # about the last OVERLOAD_TAU_S seconds (at least OVERLOAD_DECISIONS of them) refused as
 # projected over the budget. Sizing then stops waiting on engines' counts to refuse
-# (`narwhal.admission.prompt`).
+# (`narwhal.decision.brain`).
 OVERLOAD_SHARE: Final = 0.05
 OVERLOAD_TAU_S: Final = 2.0
 OVERLOAD_DECISIONS: Final = 20

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING
 from narwhal.scheduler.placement import PlacementRequest
 
 if TYPE_CHECKING:
-    from narwhal.protocol.tracker import OutputTracker
+    from narwhal.scheduler.placement import OutputSummary
     from narwhal.scheduler.scheduler import Plan
 
 Lane = tuple[int, str]  # (class rank, tenant)
@@ -49,7 +49,8 @@ _sequence = itertools.count()
 
 @dataclass(eq=False, slots=True)
 class Ticket:
-    """One request's place in admission; identity is the object itself.
+    """One request's place in admission, inside the decision core (`narwhal.decision`),
+    which knows it by its request id; identity is the object itself.
 
     `plan` is where it runs while it is placed (PREFILL or DECODE); `excluded` names
     the engines that failed it, which a retry must avoid.
@@ -69,10 +70,12 @@ class Ticket:
     # and the bound admission held it to (its upper bound), compared likewise.
     projected_upper: float | None = None
     checked_at: float = 0.0
-    output: OutputTracker | None = None  # the current attempt's output, as it arrives
+    # What the attempt that just ended produced, while learning hears of its end.
+    output: OutputSummary | None = None
     # Fair queueing: its virtual start in its class, set when it first queues.
     start_tag: float | None = None
     queued_at: float = 0.0  # when it first queued (the starvation guard's clock)
+    request_id: str = ""  # the request's id at the seam
 
     @property
     def priority(self) -> int:

@@ -19,17 +19,9 @@ read from the cache between; memory is one entry per request decoding there.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
 
 from narwhal.models.lengths import OutputLengths
 from narwhal.protocol.requests import Route
-
-
-class Progress(Protocol):
-    """What a decoding request has produced so far (an `OutputTracker`)."""
-
-    @property
-    def tokens(self) -> int: ...
 
 
 @dataclass(slots=True)
@@ -37,7 +29,7 @@ class _Decoding:
     route: Route
     prompt_tokens: int
     cap: int | None
-    progress: Progress
+    produced: int = 0  # output tokens so far, as last reported (`DecodeBook.produced`)
 
 
 class DecodeBook:
@@ -57,10 +49,17 @@ class DecodeBook:
         return self._lengths
 
     def start(
-        self, key: object, route: Route, prompt_tokens: int, cap: int | None, progress: Progress
+        self, key: object, route: Route, prompt_tokens: int, cap: int | None, produced: int = 0
     ) -> None:
-        self._decoding[key] = _Decoding(route, prompt_tokens, cap, progress)
+        self._decoding[key] = _Decoding(route, prompt_tokens, cap, produced)
         self._at = float("-inf")
+
+    def produced(self, key: object, tokens: int) -> None:
+        """The request has produced `tokens` output tokens so far (reported in batches:
+        read at the next refresh)."""
+        decoding = self._decoding.get(key)
+        if decoding is not None:
+            decoding.produced = tokens
 
     def stop(self, key: object) -> None:
         if self._decoding.pop(key, None) is not None:
@@ -73,7 +72,7 @@ class DecodeBook:
             remaining = []
             kv = []
             for d in self._decoding.values():
-                produced = d.progress.tokens
+                produced = d.produced
                 remaining.append(lengths.remaining(d.route, d.prompt_tokens, produced, d.cap))
                 kv.append(float(d.prompt_tokens + produced))
             self._remaining, self._kv = remaining, kv

@@ -32,8 +32,8 @@ import logging
 from collections.abc import Callable, MutableMapping
 from typing import Final
 
-from narwhal.admission.gate import AdmissionGate
 from narwhal.config import Config, EngineConfig
+from narwhal.dispatch.gate import AdmissionGate
 from narwhal.engines.client import EngineClient
 from narwhal.engines.upstream import UpstreamPool
 from narwhal.fleet.monitor import FleetMonitor

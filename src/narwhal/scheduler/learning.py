@@ -10,12 +10,15 @@ models learn from:
                       step after the KV transfer; and the request's TTFT projection meets
                       what it turned into (the book's calibration)
     first_token also  the decode engine's book starts following the request's output
-                      (decode correction: its remaining work as it produces)
+                      (decode correction: its remaining work as the decision core is
+                      told it produces, `DecodeBook.produced`)
     released          decode done or given up: TPOT at the decode batch it ran in, and
-                      (for a complete output) its validated length; an unfinished
-                      prefill leaves its lane
+                      (for a complete output) its validated length, from the summary of
+                      the attempt's output on the ticket; an unfinished prefill leaves
+                      its lane
 
-Sans-IO like the controller that calls it.
+Sans-IO like the controller that calls it: what it reads of a request's output are
+values (`OutputSummary`), never the tracker that counts it.
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ from narwhal.scheduler.predictive import decoding_on, prefill_part
 from narwhal.scheduler.scheduler import Plan
 
 if TYPE_CHECKING:
-    from narwhal.protocol.tracker import OutputTracker
+    from narwhal.scheduler.placement import OutputSummary
 
 
 class PlacedTicket(Protocol):
@@ -47,7 +50,9 @@ class PlacedTicket(Protocol):
     def checked_at(self) -> float: ...
 
     @property
-    def output(self) -> OutputTracker | None: ...
+    def output(self) -> OutputSummary | None:
+        """What the attempt that just ended produced (read when it is released)."""
+        ...
 
 
 class PlacementLearning:
@@ -102,11 +107,9 @@ class PlacementLearning:
         batch = decoding_on(decode)
         stretch = 1.0 if model is None else model.stretch(batch, now)
         self._decode_start[ticket] = (batch, stretch, now)
-        if model is not None and ticket.output is not None:
+        if model is not None:
             request = ticket.request
-            model.decoding.start(
-                ticket, request.route, request.prompt_tokens, request.max_tokens, ticket.output
-            )
+            model.decoding.start(ticket, request.route, request.prompt_tokens, request.max_tokens)
 
     def released(self, ticket: PlacedTicket, plan: Plan, now: float, *, decoded: bool) -> None:
         self._answered.pop(ticket, None)
@@ -123,15 +126,13 @@ class PlacementLearning:
         if output is None:
             return
         model = decode.model
-        tpot = output.time_per_output_token()
+        tpot = output.tpot
         if model is not None and tpot is not None and start is not None:
             # The batch it decoded in: the mean of the batch at its start and at its end.
             batch, stretch, since = start
             model.observe_tpot(
                 tpot, (batch + decoding_on(decode)) / 2, now, stretch_before=stretch, since=since
             )
-        if output.finished:
-            tokens, source = output.output_tokens()
-            if source != "events":  # counted from IDs or the engine's usage: exact
-                request = ticket.request
-                self.book.lengths.observe(request.route, request.prompt_tokens, tokens)
+        if output.complete and output.exact:  # counted from IDs or the engine's usage
+            request = ticket.request
+            self.book.lengths.observe(request.route, request.prompt_tokens, output.tokens)

@@ -50,6 +50,18 @@ class PlacementRequest:
         return cls(route, prompt_tokens, max_tokens, float(max_tokens or 1))
 
 
+@dataclass(frozen=True, slots=True)
+class OutputSummary:
+    """What an attempt produced, as learning needs it: its output tokens, whether they
+    were counted exactly (token IDs or the engine's usage, not events), whether the output
+    ended with a finish, and its time per output token (None under two tokens)."""
+
+    tokens: int
+    exact: bool
+    complete: bool
+    tpot: float | None
+
+
 @dataclass(slots=True)
 class EngineLoad:
     """What Narwhal has placed on one engine and is still in flight.

@@ -1,6 +1,7 @@
-"""Taking a validated request to engines: admission, placement, attempts, first events.
+"""Taking a validated request to engines: the attempt runner.
 
-    serve ─▶ retention ─▶ admission (one wait: router and engine slots) ─▶ plan
+    serve ─▶ offer to the decision core (router state, retention, the TTFT check) ─▶
+             placed, or one wait in its queue (router and engine slots) ─▶ placement
                                                               │
           ┌──── placed again, never on an engine that failed ◀─ failure before headers
           ▼                                                   │
@@ -10,7 +11,11 @@
           ─▶ non-streaming: the whole stream assembled into one `Assembled` body (or,
              for what vLLM answers only unstreamed, its one answer relayed: unstreamed.py)
 
-No HTTP here: the api layer owns the client side (parsing, writing, the relay). At most
+Every decision is the decision core's (`narwhal.decision`), asked through the gate in
+values keyed by the request id: this module runs what it decides (the engines a
+placement names, by name) and tells it what happened (prefill done, first token, an
+attempt failed, the request finished, with what its output came to). No HTTP here
+either: the api layer owns the client side (parsing, writing, the relay). At most
 fleet.max_attempts attempts, then 502. Every attempt owns its upstream response and
 closes it (success, error, timeout, disconnect, cancellation), so the engine sees a
 disconnect at once and no slot, count or connection is left behind. The request deadline
@@ -30,11 +35,11 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from narwhal.admission.gate import AdmissionGate, Unplaceable
-from narwhal.admission.predictive import PredictiveCheck
-from narwhal.admission.prompt import EngineCount, PromptAdmission
-from narwhal.admission.queue import Ticket
 from narwhal.config import Config
+from narwhal.decision.core import DecisionCore
+from narwhal.decision.messages import Offer, OutputSummary, Placed
+from narwhal.dispatch.context_check import EngineCount, check_context
+from narwhal.dispatch.gate import AdmissionGate, NoPlacement
 from narwhal.engines.client import EngineClient, EngineUnavailable
 from narwhal.engines.prefill import run_prefill
 from narwhal.engines.stream import EngineStream
@@ -52,9 +57,7 @@ from narwhal.errors import (
     TruncatedStream,
     UpstreamError,
 )
-from narwhal.fleet.monitor import FleetMonitor
 from narwhal.lease import Assembled, AttemptTrace, RequestContext, Served, StreamLease
-from narwhal.models.lengths import OutputLengths
 from narwhal.observability.metrics import RouterMetrics
 from narwhal.observability.tracing import ADMISSION_WAIT, DECODE, PLACEMENT, PREFILL, Span
 from narwhal.ops.drain import Drain
@@ -69,11 +72,10 @@ from narwhal.protocol.tracker import OutputTracker
 from narwhal.protocol.unstreamed import relay_answer, unstreamed_field
 from narwhal.protocol.upstream import CHOICES, upstream_body
 from narwhal.protocol.usage import usage_tokens
-from narwhal.scheduler.registry import EngineRegistry
-from narwhal.scheduler.scheduler import Plan, Scheduler
+from narwhal.scheduler.prefix_cache import PrefixCache
 from narwhal.sizing import PromptSize
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("narwhal.dispatch")  # the name operators' log filters know
 # A non-streaming answer is whole at the engine's [DONE]. The end of the body follows at
 # once (often in a packet of its own: without waiting for it a quarter of the connections
 # to a vLLM-like engine were not reused); an engine that keeps its body open delays the
@@ -81,10 +83,6 @@ log = logging.getLogger(__name__)
 _DONE_GRACE_S = 0.01
 # Failures another placement may not repeat: engine down, engine error, bad output.
 _RETRYABLE = (EngineUnavailable, EngineError, EngineOutputError, TruncatedStream)
-
-
-def _unavailable(reason: str) -> RouterUnavailable:
-    return RouterUnavailable(f"This router is not serving requests ({reason}).")
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,6 +97,25 @@ class _Failed:
 
     engine: str
     message: str
+    output: OutputSummary  # what it produced (learning hears it with the retry)
+
+
+def _summary(tracker: OutputTracker) -> OutputSummary:
+    """What an attempt's output came to, as the decision core learns from it."""
+    tokens, source = tracker.output_tokens()
+    return OutputSummary(
+        tokens, source != "events", tracker.finished, tracker.time_per_output_token()
+    )
+
+
+@dataclass(slots=True)
+class _LastAttempt:
+    """The output of a request's latest attempt, summed up when the request is released."""
+
+    tracker: OutputTracker | None = None
+
+    def summary(self) -> OutputSummary | None:
+        return None if self.tracker is None else _summary(self.tracker)
 
 
 class Dispatcher:
@@ -106,46 +123,36 @@ class Dispatcher:
         self,
         config: Config,
         metrics: RouterMetrics,
-        registry: EngineRegistry,
-        scheduler: Scheduler,
+        core: DecisionCore,
         gate: AdmissionGate,
         clients: Mapping[str, EngineClient],
         state: RouterState,
-        monitor: FleetMonitor | None = None,
         *,
-        check: PredictiveCheck | None = None,
-        lengths: OutputLengths | None = None,
+        monitoring_degraded: Callable[[], bool] = lambda: False,
+        prefix: PrefixCache | None = None,
         prompt_counted: Callable[[Route, PromptSize, int], None] | None = None,
         engine_count: EngineCount | None = None,
         drain: Drain | None = None,
-        admitted: Callable[[str, float, float], None] | None = None,
     ) -> None:
-        """`check`, `lengths`: predictive admission (the TTFT check, output-length
-        learning); `prompt_counted`: told the engine's count of each sized prompt;
-        `engine_count`: an engine's count of a prompt whose estimate could flip the
-        check, within a bounded wait (`WorkloadSizer.engine_count`); `drain`: the
-        shutdown's drain deadline, which ends attempts still running; `admitted(tenant,
-        work, now)`: told of each request admitted (the tenants' shares)."""
+        """`core`: every decision, through `gate`, its asyncio shell;
+        `monitoring_degraded()`: whether the fleet monitor says no engine is placeable
+        because of monitoring itself; `prefix`: the engines' prefix indexes (cache-aware
+        placement: the prompt's blocks go with its offer); `prompt_counted`: told the
+        engine's count of each sized prompt; `engine_count`: an engine's count of a
+        prompt whose estimate could flip the check, within a bounded wait
+        (`WorkloadSizer.engine_count`); `drain`: the shutdown's drain deadline, which
+        ends attempts still running."""
         self.drain = drain or Drain()
         self._config = config
         self.metrics = metrics
-        self.registry = registry
-        self.scheduler = scheduler
+        self.core = core
         self.gate = gate
         self._clients = clients
         self.state = state
-        self.monitor = monitor
-        self._lengths = lengths
+        self._monitoring_degraded = monitoring_degraded
+        self._prefix = prefix
         self._prompt_counted = prompt_counted
-        self.prompts = PromptAdmission(
-            config,
-            registry,
-            scheduler,
-            check=check,
-            lengths=lengths,
-            engine_count=engine_count,
-            admitted=admitted,
-        )
+        self._engine_count = engine_count
         self._first_event_times = FirstEventTimes()
         self.reconfigure(config)
         state.subscribe(self._state_changed)
@@ -154,7 +161,6 @@ class Dispatcher:
         """Serve by `config` from now on (a reload): limits, attempts, engine names. A
         request in flight keeps the engines it was placed on."""
         self._config = config
-        self.prompts.config = config
         metrics = self.metrics
         for engine in config.engines:  # every engine's series from the start: zeros, not gaps
             metrics.engine_series(engine.name)
@@ -163,94 +169,118 @@ class Dispatcher:
         self._first_event_times.forget({e.name for e in config.engines})
 
     def capacity_changed(self) -> None:
-        """Placement may have changed (health, drain, maintenance): recompute eligibility,
-        say whether the whole router is out (maintenance, monitoring), and let waiting
-        requests look again."""
-        self.registry.invalidate()
-        state = self.state
-        state.set(
-            "maintenance",
-            "maintenance" if self.registry.whole_fleet_in_maintenance() else None,
-            "every engine's wave is in maintenance",
-        )
-        degraded = self.monitor is not None and self.monitor.monitoring_degraded()
-        state.set(
-            "monitoring",
-            "monitoring_degraded" if degraded else None,
-            "no engine is placeable and monitoring is why",
-        )
-        self.gate.reconsider()
+        """Placement may have changed (health, drain, maintenance): the core recomputes
+        eligibility, says whether the whole router is out (maintenance, monitoring), and
+        lets waiting requests look again."""
+        self.gate.reconsider(self._monitoring_degraded())
 
     def readiness(self) -> str | None:
-        reason = self.state.unavailable_reason()
-        if reason is not None:
-            return reason
-        return None if self.scheduler.has_path() else "no_engines"
+        return self.core.readiness()
 
     def _state_changed(self, reason: str | None) -> None:
         """The router stopped admitting: the requests still queued get its 503 now rather
         than waiting for a placement they may no longer be sent to."""
         if reason is not None:
-            self.gate.refuse_waiting(lambda: _unavailable(reason))
+            self.gate.refuse_waiting(lambda: RouterUnavailable.not_admitting(reason))
 
     def _check_state(self) -> None:
         reason = self.state.unavailable_reason()
         if reason is not None:
-            raise _unavailable(reason)
+            raise RouterUnavailable.not_admitting(reason)
 
     async def serve(
         self, request: CompletionRequest, context: RequestContext
     ) -> Assembled | StreamLease:
         """Admit, place and start one request. Before response headers every failure is
         raised as a NarwhalError; a `StreamLease` must be finished by the caller."""
-        self._check_state()
-        if not self.scheduler.has_path():
+        reason = self.core.readiness()
+        if reason == "no_engines":
             raise BackendUnavailable("No placement-eligible engine serves this request.")
-        self.prompts.check_context_length(request, context)
+        if reason is not None:
+            raise RouterUnavailable.not_admitting(reason)
+        check_context(request, context, self.core.max_model_len())
         loop = asyncio.get_running_loop()
         deadline = loop.time() + (context.deadline - time.monotonic())
-        self.gate.hold()
-        ticket = Ticket(self.prompts.placement_request(request, context), deadline=context.deadline)
+        last = _LastAttempt()
         leased = False
         try:
-            queue = self.gate.controller.queue
-            # The queued work that will run before it: its own class's and those above.
-            await self.prompts.check_budget(
-                request, context, ticket, lambda: queue.ahead(ticket.priority)
-            )
-            result = await self._attempts(request, context, ticket, deadline)
+            result = await self._attempts(request, context, last, deadline)
             leased = isinstance(result, StreamLease)
             return result
         finally:
             if not leased:
-                self.release(ticket)
+                self.release(context.request_id, last.tracker)
 
-    def release(self, ticket: Ticket) -> None:
-        """The request is over: its slots, placement and retention go back."""
-        self.gate.release(ticket)
-        self.gate.unhold()
+    def release(self, request_id: str, output: OutputTracker | None) -> None:
+        """The request is over: its slots, placement and retention go back; `output`:
+        its last attempt's, for what the core learns."""
+        self.gate.release(request_id, None if output is None else _summary(output))
+
+    def _offer(self, request: CompletionRequest, context: RequestContext) -> Offer:
+        size = context.prompt_size
+        tokens = context.prompt_tokens
+        prefix = self._prefix
+        return Offer(
+            context.request_id,
+            request.route,
+            tokens,
+            request.max_tokens,
+            context.arrived,
+            context.deadline,
+            tokens if size is None else size.low,
+            tokens if size is None else size.high,
+            countable=self._engine_count is not None and size is not None,
+            priority=context.priority,
+            tenant=context.tenant,
+            prefix=None if prefix is None else prefix.blocks_of(request),
+        )
+
+    async def _count(self, request: CompletionRequest, context: RequestContext) -> int:
+        """An engine's count of the prompt, within `admission.sizing_wait_s` (the core
+        asked: its estimate's bounds could flip the decision); the context-length 400
+        again on it."""
+        size = context.prompt_size
+        assert size is not None and self._engine_count is not None
+        counted = await self._engine_count(
+            request.route, size, self._config.admission.sizing_wait_s
+        )
+        context.prompt_size = counted
+        context.prompt_tokens = counted.tokens
+        if counted.source == "engine":
+            check_context(request, context, self.core.max_model_len())
+        return counted.tokens
 
     async def _attempts(
-        self, request: CompletionRequest, context: RequestContext, ticket: Ticket, deadline: float
+        self,
+        request: CompletionRequest,
+        context: RequestContext,
+        last_attempt: _LastAttempt,
+        deadline: float,
     ) -> Assembled | StreamLease:
+        def resized(tokens: int) -> None:
+            context.prompt_tokens = tokens
+
+        decided = await self.gate.decide(
+            self._offer(request, context), lambda: self._count(request, context), resized
+        )
         last: _Failed | None = None
         attempts = self._config.fleet.max_attempts
         for attempt in range(1, attempts + 1):
             try:
                 with context.span.child(ADMISSION_WAIT, {"narwhal.attempt": attempt}):
                     if last is None:
-                        await self.gate.admit(ticket, deadline)
+                        placed = await self.gate.placement(decided, deadline)
                     else:
-                        await self.gate.retry(ticket, last.engine, deadline)
-            except Unplaceable:
+                        placed = await self.gate.retry(
+                            context.request_id, last.engine, last.output, deadline
+                        )
+            except NoPlacement:
                 break
             # Leadership (or maintenance) may have been lost while the request waited:
             # nothing goes to an engine unless this router may admit at this instant.
             self._check_state()
-            plan = ticket.plan
-            assert plan is not None, "admitted without a placement"
-            context.engines = plan.engine_names
-            result = await self._attempt(request, context, ticket, plan, deadline, attempt)
+            context.engines = placed.engines
+            result = await self._attempt(request, context, placed, last_attempt, deadline, attempt)
             if not isinstance(result, _Failed):
                 return result
             last = result
@@ -260,7 +290,7 @@ class Dispatcher:
                 context.request_id,
                 attempt,
                 attempts,
-                plan.describe(),
+                placed.describe(),
                 result.message,
             )
         if last is not None:
@@ -272,8 +302,8 @@ class Dispatcher:
         self,
         request: CompletionRequest,
         context: RequestContext,
-        ticket: Ticket,
-        plan: Plan,
+        placed: Placed,
+        last_attempt: _LastAttempt,
         deadline: float,
         attempt: int,
     ) -> Assembled | StreamLease | _Failed:
@@ -281,8 +311,9 @@ class Dispatcher:
         (streaming) or all of it (non-streaming); `_Failed` when another placement may
         serve the request. Whatever the end, the attempt's engine stream is closed and
         its buffers released before this returns (a lease keeps its stream open)."""
-        client = self._clients[plan.decode.name]
-        engine = plan.decode.capabilities  # as the fleet monitor resolved them
+        request_id = context.request_id
+        client = self._clients[placed.decode]
+        engine = self.core.capabilities(placed.decode)  # as the fleet monitor resolved them
         # (An echo of token IDs is sent without asking for IDs: echo.py.)
         ids = request.route in engine.token_ids_on and engine_token_ids(request)
         exposure = Exposure(
@@ -301,7 +332,7 @@ class Dispatcher:
             choices=CHOICES,
             echo=request.route == "chat" and request.echo,
         )
-        ticket.output = tracker
+        last_attempt.tracker = tracker
         # Answered only unstreamed by this engine (unstreamed.py): one request, one answer.
         whole = (
             not request.stream
@@ -309,42 +340,38 @@ class Dispatcher:
             and unstreamed_field(request) is not None
         )
         stream: EngineStream | None = None
-        working = plan.first  # the engine a failure now would be on
+        working = placed.first  # the engine a failure now would be on
         leased = False
         placement = context.span.child(
-            PLACEMENT, {"narwhal.attempt": attempt, "narwhal.engines": plan.engine_names}
+            PLACEMENT, {"narwhal.attempt": attempt, "narwhal.engines": placed.engines}
         )
         trace = AttemptTrace(placement)
         started = time.monotonic()
-        first_event = self._first_event_limit(ticket, plan, attempt, deadline)
+        first_event = self._first_event_limit(request_id, placed, attempt, deadline)
         try:
             try:
                 async with self.drain.timeout_at(deadline):
                     body = upstream_body(
-                        request, engine, streamed=not whole, priority=ticket.priority
+                        request, engine, streamed=not whole, priority=context.priority
                     )
-                    if plan.prefill is not None:
+                    if placed.prefill is not None:
                         sent = time.monotonic()
-                        with placement.child(
-                            PREFILL, {"narwhal.engine": plan.prefill.name}
-                        ) as half:
+                        with placement.child(PREFILL, {"narwhal.engine": placed.prefill}) as half:
                             prefill = run_prefill(
-                                self._clients[plan.prefill.name],
+                                self._clients[placed.prefill],
                                 request,
                                 request_id=context.request_id,
                                 client_authorization=context.authorization,
                                 trace=half.propagated(),
                             )
                             body["kv_transfer_params"] = await first_event.wait(
-                                prefill, plan.prefill.name
+                                prefill, placed.prefill
                             )
                         # The decode engine's TTFT holds this wait too; only this series
                         # says which prefill engine it was spent on.
-                        self.metrics.prefill_series(plan.prefill.name).observe(
-                            time.monotonic() - sent
-                        )
-                        self.gate.prefill_answered(ticket)
-                        working = plan.decode
+                        self.metrics.prefill_series(placed.prefill).observe(time.monotonic() - sent)
+                        self.gate.prefill_done(request_id)
+                        working = placed.decode
                     trace.decode = placement.child(DECODE, {"narwhal.engine": client.name})
                     if whole:
                         # One answer at the end: the first event is the whole answer.
@@ -384,7 +411,7 @@ class Dispatcher:
                     first = await first_event.wait(_first_events(stream, tracker), client.name)
                     first_event.end()
                     self._first_event_times.observe(client.name, time.monotonic() - started)
-                    self.gate.first_token(ticket)
+                    self.gate.first_token(request_id, tracker)
                     if not request.stream:
                         # Up to the engine's [DONE]: what follows is not the answer, and an
                         # engine that keeps its body open must not hold the client.
@@ -404,13 +431,13 @@ class Dispatcher:
                 raise self._timed_out_before_headers(deadline) from None
             except _RETRYABLE as error:
                 trace.fail(error.message)
-                self.metrics.engine_series(working.name).failures["before_headers"].inc()
+                self.metrics.engine_series(working).failures["before_headers"].inc()
                 if isinstance(error, UpstreamTimeout):
-                    self.timed_out(working.name, error.phase, context)
-                return _Failed(working.name, error.message)
+                    self.timed_out(working, error.phase, context)
+                return _Failed(working, error.message, _summary(tracker))
             if request.stream:
                 leased = True
-                return StreamLease(self, ticket, context, stream, first, deadline, trace)
+                return StreamLease(self, context, stream, first, deadline, trace)
             self.count_served(stream, context, streamed=False)
             return Assembled(assembled)
         finally:
@@ -420,7 +447,7 @@ class Dispatcher:
                 trace.end(stream)
 
     def _first_event_limit(
-        self, ticket: Ticket, plan: Plan, attempt: int, deadline: float
+        self, request_id: str, placed: Placed, attempt: int, deadline: float
     ) -> FirstEventLimit:
         """The attempt's first-event limit: configured, else derived from the projection
         (the first attempt goes where admission projected it, when a retry could go
@@ -429,21 +456,21 @@ class Dispatcher:
         answer into an error (a loaded host stalls an engine for a second or two): the
         attempt then gets the generous limit."""
         times = self._first_event_times
-        projected = ticket.projected_upper if attempt == 1 else None
+        projected = placed.projected_upper if attempt == 1 else None
         if projected is not None:
-            excluded = ticket.excluded
+            core = self.core
             elsewhere = (
                 attempt < self._config.fleet.max_attempts
-                and self.scheduler.could_place(excluded | {plan.first.name})
-                and self.scheduler.could_place(excluded | {plan.decode.name})
+                and core.could_retry(request_id, placed.first)
+                and core.could_retry(request_id, placed.decode)
             )
             projected = projected if elsewhere else None
         seconds = first_event_timeout(
             self._config.fleet.first_event_timeout_s,
             projected_s=projected,
-            observed_s=times.bound(plan.decode.name),
+            observed_s=times.bound(placed.decode),
             budget_s=self._config.admission.ttft_target_s,
-            backoff=max(times.backoff(plan.first.name), times.backoff(plan.decode.name)),
+            backoff=max(times.backoff(placed.first), times.backoff(placed.decode)),
             remaining_s=deadline - asyncio.get_running_loop().time(),
         )
         return FirstEventLimit(seconds)
@@ -467,8 +494,9 @@ class Dispatcher:
     ) -> Assembled:
         """Ask the engine without streaming and relay its answer (`unstreamed.py`), with
         the accounting of a streamed answer less its timing: output tokens, the engine's
-        prompt count, the output length learnt. No first token is marked: one answer at
-        the end says nothing of the prefill, so its slot stays a prefill slot."""
+        prompt count (the output length is learnt by the core, from the summary its
+        release sends). No first token is marked: one answer at the end says nothing of
+        the prefill, so its slot stays a prefill slot."""
         answer = await client.post_json(
             request.route,
             body,
@@ -486,8 +514,6 @@ class Dispatcher:
         size = context.prompt_size
         if self._prompt_counted is not None and size is not None and usage:
             self._prompt_counted(request.route, size, usage)
-        if self._lengths is not None and source != "events":
-            self._lengths.observe(request.route, context.prompt_tokens, tokens)
         prompt = context.prompt_tokens if usage is None else usage
         served = self.metrics.request_series(request.route, False)
         served.prompt_tokens.inc(prompt)
