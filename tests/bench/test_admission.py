@@ -116,6 +116,7 @@ def test_admission_summary() -> None:
     assert (a.retry_after_s.count, a.retry_after_s.min) == (3, 1.0)
     assert (a.retry_after_s.p50, a.retry_after_s.max) == (2.0, 3.0)
     assert a.saw_429
+    assert a.offered_attainment == pytest.approx(2 / 12)  # admitted and met, of all offered
     # Goodput keeps every SLO: of the two within TTFT, only served(0.5) (TPOT 0) meets TPOT.
     assert goodput(records, slo, 2.0) == pytest.approx(0.5)
     assert goodput(records, Slo(ttft_s=0.5), 2.0) == pytest.approx(1.0)
@@ -126,8 +127,11 @@ def test_admission_summary_without_429s_or_slo() -> None:
     assert (plain.offered, plain.admitted, plain.refused, plain.rejected) == (2, 2, 0, 0)
     assert plain.refused_by_code == {TTFT_BUDGET: 0, PROMPT_OVER_BUDGET: 0}
     assert plain.admitted_attainment == 0.5  # no --slo-ttft: success only
+    assert plain.offered_attainment == 0.5  # all offered were admitted
     assert not plain.saw_429
     assert plain.refusal_latency_s.count == 0 and math.isnan(plain.refusal_latency_s.p99)
     assert plain.retry_after_s.count == 0 and math.isnan(plain.retry_after_s.p50)
     refused_only = admission_summary([answer(429, TTFT_BUDGET)], Slo(ttft_s=1.0))
     assert refused_only.admitted == 0 and math.isnan(refused_only.admitted_attainment)
+    assert refused_only.offered_attainment == 0.0  # none admitted, so none within
+    assert math.isnan(admission_summary([], Slo()).offered_attainment)

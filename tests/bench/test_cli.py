@@ -347,8 +347,8 @@ def test_plots_are_written(
     assert status == 0
     names = sorted(p.name for p in (tmp_path / "plots").iterdir())
     assert names == [
-        "latency_over_time.png", "latency_throughput.png", "sweep.png", "tpot_itl_cdf.png",
-        "ttft_cdf.png",
+        "admission_outcomes.png", "attainment.png", "goodput.png", "latency_over_time.png",
+        "latency_throughput.png", "sweep.png", "tpot_itl_cdf.png", "ttft_cdf.png",
     ]  # fmt: skip
     assert all((tmp_path / "plots" / n).read_bytes()[:4] == b"\x89PNG" for n in names)
     status, _, _ = bench(

@@ -216,6 +216,20 @@ def test_input_output_and_total_token_throughput() -> None:
     assert math.isnan(summarize(records, 0.0, 0.0, Slo()).total_tokens_per_s)
 
 
+def test_token_goodput_counts_prompt_and_output_tokens_within_the_slos() -> None:
+    records = [rec(ttft=0.1, tokens=4), rec(ttft=0.3, tokens=6), rec(ttft=0.9, tokens=8)]
+    records.append(rec(ttft=0.1, tokens=3, error=TIMEOUT))  # failed: never good
+    for r, usage in zip(records, [100, -1, 120, 99], strict=True):
+        r.usage_prompt_tokens = usage  # the second is as sized: 10
+    s = summarize(records, window_s=2.0, cpu_s=0.0, slo=Slo(ttft_s=0.5))
+    assert s.goodput_per_s == pytest.approx(1.0)  # two within, over 2 s
+    assert s.token_goodput_per_s == pytest.approx(((100 + 4) + (10 + 6)) / 2.0)
+    assert summarize(records, 2.0, 0.0, Slo()).token_goodput_per_s == pytest.approx(
+        (104 + 16 + 128) / 2.0
+    )  # no SLO: every success
+    assert math.isnan(summarize(records, 0.0, 0.0, Slo()).token_goodput_per_s)
+
+
 def test_chosen_percentiles_and_their_labels() -> None:
     d = distribution([float(v) for v in range(1, 101)], (50, 95, 99.9))
     assert [p for p, _ in d.percentiles] == [50, 95, 99.9]

@@ -230,7 +230,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=Path,
         metavar="DIR",
         help="write PNG plots: TTFT CDF, TPOT and ITL CDF, latency over time; for a sweep, "
-        "goodput and latency against throughput (needs matplotlib: pip install '.[plot]')",
+        "goodput and latency against throughput, and against offered load: admitted, refused "
+        "and rejected stacked, admitted attainment beside that of all offered, token goodput "
+        "beside request goodput (needs matplotlib: pip install '.[plot]')",
     )
     out.add_argument(
         "--progress",

@@ -32,14 +32,18 @@ set) and its TPOT at most `tpot_s` (if set; a request without a TPOT passes
 that half). With no SLO set, every success meets them. Attainment is the
 fraction of all the stage's requests (errors included) that meet them; goodput
 is how many met them per second of the stage's window (its start to its last
-response): requests per second completed within the SLOs.
+response): requests per second completed within the SLOs. Token goodput is the
+tokens of those requests (prompt, as for input tokens below, plus output) per
+second of the same window.
 
 Admission (see `admission`): offered = admitted + refused + rejected, over the
 stage's recorded requests. Admitted attainment is the fraction of the admitted
 requests that succeeded with TTFT at most `ttft_s` (success alone without it):
 the promise a TTFT admission makes, so `tpot_s` is not part of it, and an
 admitted request that failed is a miss. Successful requests are all admitted,
-so the stage's TTFT distribution is that of the admitted successes. Refusal
+so the stage's TTFT distribution is that of the admitted successes. Offered
+attainment is the fraction of all offered requests that were admitted and met
+that promise (admitted attainment times admitted over offered). Refusal
 latency is over refused requests, send to the whole 429; Retry-After over the
 `ttft_budget_exceeded` refusals that carried one.
 
@@ -198,6 +202,13 @@ def goodput(records: Iterable[Record], slo: Slo, window_s: float) -> float:
     return sum(1 for r in records if meets_slo(r, slo)) / window_s
 
 
+def token_goodput(records: Iterable[Record], slo: Slo, window_s: float) -> float:
+    """Prompt plus output tokens per second of the requests that met the SLOs."""
+    if window_s <= 0:
+        return NAN
+    return sum(input_tokens(r) + r.tokens for r in records if meets_slo(r, slo)) / window_s
+
+
 def error_counts(records: Iterable[Record]) -> dict[str, int]:
     """Errors by key, most frequent first (ties by name)."""
     counts = Counter(k for k in map(error_key, records) if k is not None)
@@ -219,6 +230,16 @@ class AdmissionSummary:
     @property
     def saw_429(self) -> bool:
         return self.refused + self.rejected > 0
+
+    @property
+    def offered_attainment(self) -> float:
+        """Fraction of all offered requests admitted and within the promise; NaN without
+        requests (a property, so the JSON, which encodes the fields, is as it was)."""
+        if not self.offered:
+            return NAN
+        if not self.admitted:
+            return 0.0
+        return self.admitted_attainment * self.admitted / self.offered
 
 
 def admission_summary(records: Sequence[Record], slo: Slo) -> AdmissionSummary:
@@ -326,6 +347,7 @@ class StageSummary:
     input_from_usage: int = 0  # successful requests whose prompt the server's usage counted
     itl: Distribution = field(default_factory=lambda: _empty(()))
     health: Distribution = field(default_factory=lambda: _empty(()))  # --health-probe
+    token_goodput_per_s: float = NAN  # prompt + output tokens of the requests within the SLOs
 
     @property
     def input_tokens_per_s(self) -> float:
@@ -396,4 +418,5 @@ def summarize(
         input_from_usage=sum(1 for r in ok if r.usage_prompt_tokens >= 0),
         itl=histogram_distribution(itl if itl is not None else LogHistogram(), percentiles),
         health=distribution(health_latency_s, percentiles),
+        token_goodput_per_s=token_goodput(records, slo, window_s),
     )
