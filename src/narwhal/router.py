@@ -34,7 +34,6 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-import aiohttp
 from aiohttp import web
 
 from narwhal.admission.classes import PriorityClasses
@@ -51,6 +50,7 @@ from narwhal.decision.brain import Brain, BrainSettings
 from narwhal.dispatch import Dispatcher
 from narwhal.dispatch.gate import AdmissionGate
 from narwhal.engines.client import EngineClient
+from narwhal.engines.session import SharedSession
 from narwhal.engines.upstream import UpstreamPool
 from narwhal.errors import RouterUnavailable
 from narwhal.fleet.monitor import FleetMonitor
@@ -197,10 +197,26 @@ class Router:
             )
             for e in config.engines
         }
+        # The one session of the side calls (probes, scrapes, tokenize, etcd): every
+        # component gets it now, and it opens when the router starts.
+        self.session = SharedSession()
+        monitor = self.monitor = FleetMonitor(
+            config.engines,
+            config.fleet,
+            self.session,
+            self.metrics.registry,
+            model=config.model,
+            own_requests=self._own_requests,
+        )
+        for name, entry in self.registry.entries.items():
+            entry.health = monitor.health(name)
+        self.registry.set_health_predicate(monitor.is_placeable)
         # Engines' tokenize endpoints size prompts only where the count decides something.
         self._local_sizer = load_sizer(config.tokenizer)
         self.sizer = WorkloadSizer(
-            self._local_sizer, use_engine=predictive and config.tokenizer is None
+            self._local_sizer,
+            EngineTokenizer(self.session, self._tokenize_candidates),
+            use_engine=predictive and config.tokenizer is None,
         )
         self.metrics.registry.register(SizingCollector(self.sizer))
         self.dispatcher = Dispatcher(
@@ -210,13 +226,16 @@ class Router:
             self.gate,
             self.clients,
             self.state,
-            monitoring_degraded=self._monitoring_degraded,
+            monitoring_degraded=monitor.monitoring_degraded,
             prefix=self.prefix,
             prompt_counted=self.sizer.observe_engine_prompt_tokens,
             engine_count=self.sizer.engine_count if self.sizer.calibrating else None,
             drain=self.drain,
         )
-        self.report = EngineReport(self.registry, self.scheduler, lambda: self.classes.names)
+        monitor.subscribe(self.dispatcher.capacity_changed)
+        self.report = EngineReport(
+            self.registry, self.scheduler, monitor, lambda: self.classes.names
+        )
         api_keys = self.api_keys = BearerTokens(config.client_keys)
         front = self.front = CompletionFront(
             config,
@@ -253,54 +272,22 @@ class Router:
             tenants=self.tenants_report,
         )
         self.admin.add_to(self.app)
-        self.app.on_startup.append(self._on_startup)
-        self.app.on_cleanup.append(self._on_cleanup)
-        self._session: aiohttp.ClientSession | None = None  # fleet probes, tokenize calls
-        self.monitor: FleetMonitor | None = None
         self.profiler: Profiler | None = None
-        self.membership: FleetMembership | None = None
-        self.leadership: Leadership | None = None
-        self.loop_monitor = LoopMonitor(self.metrics.registry)
-
-    async def _on_startup(self, app: web.Application) -> None:
-        await self.loop_monitor.start()
-        session = self._session = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=30),
-            timeout=aiohttp.ClientTimeout(total=None, sock_connect=5),
-            auto_decompress=False,
-        )
-        monitor = FleetMonitor(
-            self.config.engines,
-            self.config.fleet,
-            session,
-            self.metrics.registry,
-            model=self.config.model,
-        )
-        for name, entry in self.registry.entries.items():
-            entry.health = monitor.health(name)
-        monitor.count_own_requests(self._own_requests)
-        self.registry.set_health_predicate(monitor.is_placeable)
-        monitor.subscribe(self.dispatcher.capacity_changed)
-        self.report.monitor = self.monitor = monitor
-        self.sizer.attach_remote(EngineTokenizer(session, self._tokenize_candidates))
-        await monitor.start()
-        self.dispatcher.capacity_changed()  # the state of maintenance and monitoring
         if self.book is not None:
             self.profiler = Profiler(
                 self.registry,
                 self.clients,
-                model=self.config.model,
+                model=config.model,
                 changed=self.dispatcher.capacity_changed,
                 counter=ProbeCounter(
-                    session,
+                    self.session,
                     self._local_sizer.text_counter,
-                    model=self.config.model,
+                    model=config.model,
                     max_answer_bytes=lambda: self.config.fleet.max_probe_answer_bytes,
                     learned=self.sizer.learn_text,
                 ),
                 probe_sizes=lambda: self.config.fleet.probe_prompt_tokens,
             )
-            await self.profiler.start(PROFILE_WAIT_S)
         self.membership = FleetMembership(
             registry=self.registry,
             clients=self.clients,
@@ -312,11 +299,14 @@ class Router:
             profiler=self.profiler,
             changed=self.dispatcher.capacity_changed,
         )
-        if self.config.ha.backend == "etcd":
-            await self._start_leadership(session)
+        self.leadership = self._leadership(config) if config.ha.backend == "etcd" else None
+        self.loop_monitor = LoopMonitor(self.metrics.registry)
+        self._started = False  # until start-up has run: a reload waits for it
+        self.app.on_startup.append(self._on_startup)
+        self.app.on_cleanup.append(self._on_cleanup)
 
-    async def _start_leadership(self, session: aiohttp.ClientSession) -> None:
-        ha = self.config.ha
+    def _leadership(self, config: Config) -> Leadership:
+        ha = config.ha
         timing = Timing(
             ttl_s=ha.lease_ttl_s,
             renew_interval_s=ha.renew_interval,
@@ -324,11 +314,23 @@ class Router:
             retry_s=ha.renew_interval / 4,
         )
         # One etcd call never outlasts a renewal interval: a renewal that late is useless.
-        client = EtcdClient(ha.endpoints, session, timeout_s=ha.renew_interval)
+        client = EtcdClient(ha.endpoints, self.session, timeout_s=ha.renew_interval)
         self.operator.share(client, ha.key)
         identity = ha.id or f"{socket.gethostname()}:{os.getpid()}"
-        self.leadership = Leadership(client, timing, ha.key, identity, self.state, self.operator)
-        await self.leadership.start()
+        return Leadership(client, timing, ha.key, identity, self.state, self.operator)
+
+    async def _on_startup(self, app: web.Application) -> None:
+        """In dependency order: the session, the engines' first monitoring round, then
+        (predictive) their first profiles; with HA, the campaign last, warm."""
+        await self.loop_monitor.start()
+        await self.session.open()
+        await self.monitor.start()
+        self.dispatcher.capacity_changed()  # the state of maintenance and monitoring
+        if self.profiler is not None:
+            await self.profiler.start(PROFILE_WAIT_S)
+        if self.leadership is not None:
+            await self.leadership.start()
+        self._started = True
 
     async def stop_admitting(self) -> None:
         """SIGTERM: refuse new work at once (the requests queued too) and hand leadership
@@ -347,9 +349,9 @@ class Router:
             raise ConfigError(*changes.restart)
         if not changes.described:
             return []
-        membership = self.membership
-        if membership is None:
+        if not self._started:
             raise ConfigError("the router is still starting: reload once it is listening")
+        membership = self.membership
         running, self.config = self.config, config
         self._apply_settings(config)
         self.dispatcher.reconfigure(config)
@@ -386,8 +388,7 @@ class Router:
             self.scheduler.scorer.tpot_target_s = admission.tpot_target_s
         self.api_keys.replace(config.client_keys)
         self.admin.set_admin_token(serving.admin_token)
-        if self.monitor is not None:
-            self.monitor.reconfigure(config.fleet)
+        self.monitor.reconfigure(config.fleet)
         # Higher limits may let queued requests start now.
         self.gate.reconsider()
 
@@ -401,16 +402,13 @@ class Router:
 
     async def _on_cleanup(self, app: web.Application) -> None:
         await self.loop_monitor.close()
-        if self.membership is not None:
-            await self.membership.close()
+        await self.membership.close()
         if self.leadership is not None:
             await self.leadership.resign()  # idempotent: SIGTERM resigned already
         if self.profiler is not None:
             await self.profiler.close()
-        if self.monitor is not None:
-            await self.monitor.close()
-        if self._session is not None:
-            await self._session.close()
+        await self.monitor.close()
+        await self.session.close()
         await self.pool.close()
         # The spans still queued go out last (in a thread: export is blocking I/O).
         await asyncio.to_thread(self.tracer.close)
@@ -433,10 +431,6 @@ class Router:
             ],
             "tenants": self.tenants.report(time.monotonic(), queued),
         }
-
-    def _monitoring_degraded(self) -> bool:
-        """Whether monitoring itself is why no engine is placeable (not before it runs)."""
-        return self.monitor is not None and self.monitor.monitoring_degraded()
 
     def _own_requests(self, name: str) -> int:
         entry = self.registry.get(name)

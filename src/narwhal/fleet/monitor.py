@@ -42,6 +42,7 @@ import aiohttp
 from prometheus_client import CollectorRegistry
 
 from narwhal.config import EngineConfig, FleetConfig
+from narwhal.engines.session import HttpSession
 from narwhal.fleet.backoff import next_delay
 from narwhal.fleet.metrics import FleetMetrics
 from narwhal.fleet.probe import (
@@ -102,14 +103,16 @@ class FleetMonitor:
         self,
         engines: Sequence[EngineConfig],
         fleet: FleetConfig,
-        session: aiohttp.ClientSession,
+        session: HttpSession,
         registry: CollectorRegistry,
         *,
         rng: random.Random | None = None,
         model: str | None = None,
+        own_requests: Callable[[str], int] = lambda name: 0,
     ) -> None:
         """`model`: the configured model; engines whose /v1/models does not list it stay
-        out of placement (checked whenever an engine comes up). None: no check."""
+        out of placement (checked whenever an engine comes up). None: no check.
+        `own_requests`: see `count_own_requests`."""
         self._model = model
         self._fleet = fleet
         self._session = session
@@ -127,7 +130,7 @@ class FleetMonitor:
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._started = False
         self._closed = False
-        self._own_requests: Callable[[str], int] = lambda name: 0
+        self._own_requests = own_requests
 
     def count_own_requests(self, own_requests: Callable[[str], int]) -> None:
         """How many of Narwhal's requests an engine holds now (by name): read the moment a

@@ -30,6 +30,7 @@ import msgspec
 
 from narwhal.config import FleetConfig
 from narwhal.engines.answers import AnswerTooLarge, read_bounded
+from narwhal.engines.session import HttpSession
 from narwhal.fleet.scrape import parse_engine_metrics
 from narwhal.fleet.state import HealthCheck, MetricsFailure, ScrapeResult
 from narwhal.protocol.dialects import DialectCapabilities
@@ -83,7 +84,7 @@ _REFUSED_CREDENTIALS = (401, 403)
 
 
 async def check_health(
-    session: aiohttp.ClientSession,
+    session: HttpSession,
     base_url: str,
     per_request: aiohttp.ClientTimeout,
     headers: Headers = _NO_HEADERS,
@@ -110,7 +111,7 @@ async def check_health(
 
 
 async def scrape_metrics(
-    session: aiohttp.ClientSession,
+    session: HttpSession,
     base_url: str,
     engine: DialectCapabilities,
     per_request: aiohttp.ClientTimeout,
@@ -147,7 +148,7 @@ async def scrape_metrics(
 
 
 async def list_models(
-    session: aiohttp.ClientSession,
+    session: HttpSession,
     base_url: str,
     per_request: aiohttp.ClientTimeout,
     headers: Headers = _NO_HEADERS,
@@ -177,7 +178,7 @@ async def list_models(
 
 
 async def engine_version(
-    session: aiohttp.ClientSession,
+    session: HttpSession,
     base_url: str,
     per_request: aiohttp.ClientTimeout,
     headers: Headers = _NO_HEADERS,
@@ -215,7 +216,7 @@ def _decode(raw: bytes | msgspec.Raw, kind: type[_T]) -> _T | None:
 
 
 async def _get(
-    session: aiohttp.ClientSession,
+    session: HttpSession,
     base_url: str,
     path: str,
     per_request: aiohttp.ClientTimeout,

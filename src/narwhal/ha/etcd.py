@@ -20,15 +20,23 @@ import contextlib
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import aiohttp
+from aiohttp.client import _RequestContextManager
 
 # gRPC status NOT_FOUND: etcd's answer for a lease it does not know.
 _NOT_FOUND = 5
 # The largest answer read from an endpoint: far above any answer these calls get (the
 # operator state is a few keys), so an endpoint that is not etcd cannot fill memory.
 MAX_ANSWER_BYTES = 4 * 1024 * 1024
+
+
+class EtcdTransport(Protocol):
+    """The HTTP client etcd's gateway is reached through: the router's shared session
+    (`narwhal.engines.session.SharedSession`) or an `aiohttp.ClientSession`."""
+
+    def post(self, url: str, **kwargs: Any) -> _RequestContextManager: ...
 
 
 class EtcdUnavailable(Exception):
@@ -63,9 +71,7 @@ class CampaignResult:
 
 
 class EtcdClient:
-    def __init__(
-        self, endpoints: Sequence[str], session: aiohttp.ClientSession, timeout_s: float
-    ) -> None:
+    def __init__(self, endpoints: Sequence[str], session: EtcdTransport, timeout_s: float) -> None:
         if not endpoints:
             raise ValueError("at least one etcd endpoint is needed")
         self._endpoints = [e.rstrip("/") for e in endpoints]

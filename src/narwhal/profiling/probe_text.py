@@ -32,6 +32,7 @@ import msgspec
 from narwhal.config import FleetConfig
 from narwhal.engines.answers import AnswerTooLarge, read_bounded
 from narwhal.engines.client import EngineClient
+from narwhal.engines.session import HttpSession
 from narwhal.models.profile import ProfileError
 from narwhal.protocol.dialects import DialectCapabilities
 from narwhal.sizing.remote import answer_count
@@ -170,7 +171,7 @@ class ProbeCounter:
 
     def __init__(
         self,
-        session: aiohttp.ClientSession | None,
+        session: HttpSession | None,
         local: Callable[[str], int] | None,
         *,
         model: str,
@@ -230,7 +231,7 @@ class ProbeCounter:
         return by_tokenizer
 
     async def _tokenize(
-        self, session: aiohttp.ClientSession, url: str, headers: dict[str, str], text: str
+        self, session: HttpSession, url: str, headers: dict[str, str], text: str
     ) -> int | None:
         body = msgspec.json.encode({"model": self._model, "prompt": text})
         try:

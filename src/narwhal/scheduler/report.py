@@ -28,6 +28,7 @@ class EngineReport:
         self,
         registry: EngineRegistry,
         scheduler: Scheduler,
+        monitor: FleetMonitor | None = None,
         class_names: Callable[[], Sequence[str]] = lambda: (),
     ) -> None:
         """`class_names()`: the priority classes, highest first, to name the requests on
@@ -35,7 +36,7 @@ class EngineReport:
         self._class_names = class_names
         self._registry = registry
         self._scheduler = scheduler
-        self.monitor: FleetMonitor | None = None  # set once the monitor runs
+        self.monitor = monitor
 
     def __call__(self) -> list[dict[str, Any]]:
         now = time.monotonic()

@@ -114,11 +114,6 @@ class WorkloadSizer:
         """Whether estimates are calibrated and bounded (predictive, no tokenizer.json)."""
         return self._use_engine and not self._local.exact
 
-    def attach_remote(self, remote: EngineTokenizer) -> None:
-        """The engine tokenizer, once its session exists (the router's start-up)."""
-        if self._use_engine:
-            self._remote = remote
-
     async def size(self, request: CompletionRequest, body_bytes: int) -> PromptSize:
         """The prompt's size, from this process alone (a cached engine count at most)."""
         exact = token_id_count(request)

@@ -47,6 +47,7 @@ import aiohttp
 import msgspec
 
 from narwhal.engines.answers import AnswerTooLarge, read_bounded
+from narwhal.engines.session import HttpSession
 from narwhal.protocol.dialects import DialectCapabilities
 from narwhal.protocol.requests import CompletionRequest, Route
 from narwhal.protocol.usage import MAX_TOKEN_COUNT
@@ -152,7 +153,7 @@ def _body(query: TokenizeQuery, engine: DialectCapabilities) -> bytes:
 class EngineTokenizer:
     def __init__(
         self,
-        session: aiohttp.ClientSession,
+        session: HttpSession,
         candidates: Callable[[], Iterable[TokenizeCandidate]],
         *,
         timeout_s: float = 0.25,
