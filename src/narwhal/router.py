@@ -56,7 +56,9 @@ from narwhal.errors import RouterUnavailable
 from narwhal.fleet.monitor import FleetMonitor
 from narwhal.ha.election import Timing
 from narwhal.ha.etcd import EtcdClient, EtcdError, EtcdUnavailable
+from narwhal.ha.kubernetes import NotInCluster
 from narwhal.ha.leadership import Leadership
+from narwhal.ha.pod_label import PodLabel, PodMark
 from narwhal.models.book import ModelBook
 from narwhal.observability.loop_monitor import LoopMonitor
 from narwhal.observability.metrics import RouterMetrics
@@ -300,6 +302,7 @@ class Router:
             changed=self.dispatcher.capacity_changed,
         )
         self.leadership = self._leadership(config) if config.ha.backend == "etcd" else None
+        self.pod_label = self._pod_label(config)
         self.loop_monitor = LoopMonitor(self.metrics.registry)
         self._started = False  # until start-up has run: a reload waits for it
         self.app.on_startup.append(self._on_startup)
@@ -319,10 +322,29 @@ class Router:
         identity = ha.id or f"{socket.gethostname()}:{os.getpid()}"
         return Leadership(client, timing, ha.key, identity, self.state, self.operator)
 
+    def _pod_label(self, config: Config) -> PodLabel | None:
+        """On Kubernetes, the leader's label on its own pod, which the clients' Service
+        selects (`ha/pod_label.py`): it steers traffic, `self.state` decides admission."""
+        label = config.ha.kubernetes_label
+        if label is None:
+            return None
+        try:
+            return PodLabel.in_cluster(
+                self.state,
+                PodMark(label.key, label.value, label.deletion_cost),
+                pod_name_env=label.pod_name_env,
+                service_account_dir=label.service_account_dir,
+                registry=self.metrics.registry,
+            )
+        except NotInCluster as e:
+            raise ConfigError(f"ha.kubernetes_label: {e}") from None
+
     async def _on_startup(self, app: web.Application) -> None:
         """In dependency order: the session, the engines' first monitoring round, then
         (predictive) their first profiles; with HA, the campaign last, warm."""
         await self.loop_monitor.start()
+        if self.pod_label is not None:
+            await self.pod_label.start()  # first: a label an earlier process left goes now
         await self.session.open()
         await self.monitor.start()
         self.dispatcher.capacity_changed()  # the state of maintenance and monitoring
@@ -337,6 +359,8 @@ class Router:
         to a standby; what is placed already runs on."""
         self.shutting_down = True
         self.state.set("shutdown", "shutting_down", "stopping")
+        if self.pod_label is not None:
+            await self.pod_label.withdraw()  # the label off before the lease (at most 1 s)
         if self.leadership is not None:
             await self.leadership.resign()
 
@@ -403,6 +427,8 @@ class Router:
     async def _on_cleanup(self, app: web.Application) -> None:
         await self.loop_monitor.close()
         await self.membership.close()
+        if self.pod_label is not None:
+            await self.pod_label.close()  # the label off (bounded, idempotent), its client
         if self.leadership is not None:
             await self.leadership.resign()  # idempotent: SIGTERM resigned already
         if self.profiler is not None:

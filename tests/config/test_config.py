@@ -96,6 +96,46 @@ def test_engines_and_fractional_durations() -> None:
         ),
         (MINIMAL + "ha: {key: ''}\n", "ha.key: expected string of at least 1 chars"),
         (
+            MINIMAL + "ha: {kubernetes_label: {key: 'Narwhal Leader'}}\n",
+            'ha.kubernetes_label.key: "Narwhal Leader" is not a label key: the name',
+        ),
+        (
+            MINIMAL + "ha: {kubernetes_label: {key: 'Narwhal.io/leader'}}\n",
+            "the prefix (before /) must be a DNS subdomain",
+        ),
+        (
+            MINIMAL + "ha: {kubernetes_label: {key: 'a/b/c'}}\n",
+            "at most one '/', between a prefix and a name",
+        ),
+        (
+            MINIMAL + f"ha: {{kubernetes_label: {{key: 'narwhal.io/{'x' * 64}'}}}}\n",
+            "the name (after any prefix/) must be at most 63 characters",
+        ),
+        (
+            MINIMAL + "ha: {kubernetes_label: {key: 'kubernetes.io/leader'}}\n",
+            "the prefix kubernetes.io/ is reserved",
+        ),
+        (
+            MINIMAL + "ha: {kubernetes_label: {value: true}}\n",
+            "ha.kubernetes_label.value: expected string, got true",  # YAML's true: quote it
+        ),
+        (
+            MINIMAL + "ha: {kubernetes_label: {value: 'yes please'}}\n",
+            'ha.kubernetes_label.value: "yes please" is not a label value',
+        ),
+        (
+            MINIMAL + "ha: {kubernetes_label: {pod_name_env: 'POD NAME'}}\n",
+            'ha.kubernetes_label.pod_name_env: "POD NAME" is not an environment variable',
+        ),
+        (
+            MINIMAL + "ha: {kubernetes_label: {deletion_cost: 2147483648}}\n",
+            "ha.kubernetes_label.deletion_cost: expected int >= -2147483648 and <= 2147483647",
+        ),
+        (
+            MINIMAL + "ha: {kubernetes_label: {name: leader}}\n",
+            "ha.kubernetes_label.name: unknown key",
+        ),
+        (
             MINIMAL + "fleet: {max_event_bytes: 100}\n",
             "fleet.max_event_bytes: expected int >= 4096 or null, got 100",
         ),
@@ -166,6 +206,19 @@ def test_check_config_shows_the_high_availability_timings_it_derived(tmp_path: P
     assert (ha["renew_interval_s"], ha["fence_margin_s"]) == (2.0, pytest.approx(0.6))
     reread = parse_config(result.stdout).ha  # the printed configuration means the same
     assert (reread.renew_interval, reread.margin) == (2.0, pytest.approx(0.6))
+
+
+def test_the_kubernetes_label_is_off_by_default_and_its_keys_default_for_a_pod() -> None:
+    assert parse_config(MINIMAL).ha.kubernetes_label is None
+    label = parse_config(MINIMAL + "ha: {kubernetes_label: {}}\n").ha.kubernetes_label
+    assert label is not None
+    assert (label.key, label.value, label.pod_name_env) == ("narwhal.io/leader", "true", "POD_NAME")
+    assert label.deletion_cost == 1000
+    assert label.service_account_dir == "/var/run/secrets/kubernetes.io/serviceaccount"
+    # Keys Kubernetes accepts: a bare name, a dotted prefix, an empty value.
+    for key in ("leader", "team-a.example.com/narwhal_leader", "app.kubernetes.io/leader"):
+        text = MINIMAL + f"ha: {{kubernetes_label: {{key: '{key}', value: ''}}}}\n"
+        assert parse_config(text).ha.kubernetes_label is not None
 
 
 def test_check_config_missing_file(tmp_path: Path) -> None:

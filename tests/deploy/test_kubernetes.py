@@ -4,8 +4,10 @@ The manifests are checked against Kubernetes' own schemas by `kubernetes-validat
 schemas ship in the package; nothing is downloaded), strictly, so a misspelt field fails.
 The ConfigMap's narwhal.yaml is checked by `narwhal check-config` with the secrets the
 Deployment passes in, and started as a router where nothing it names resolves, as a pod
-does before the engines and etcd are up. What ties the files together is checked too:
-probes, ports, selectors, the grace period against the shutdown timings, etcd's members.
+does before the engines, etcd and the Kubernetes API answer. What ties the files together
+is checked too: probes, ports, selectors, the grace period against the shutdown timings,
+etcd's members, and the leader label (the key the routers set, the Service's selector,
+the ServiceAccount allowed to patch pods, the pod name from the downward API).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from typing import Any
 
 import aiohttp
 import pytest
+import trustme
 import yaml
 
 from tests.processes import narwhal_process
@@ -37,6 +40,8 @@ MANIFESTS = sorted(
 )
 # The oldest Kubernetes the manifests claim, and the newest the package bundles schemas of.
 KUBERNETES_VERSIONS = ("1.30.0", "1.37.0")
+# What the downward API gives the router as its pod's name (metadata.name) in these tests.
+POD_NAME = "narwhal-5d8f7c9b4-abcde"
 
 
 def _documents(path: Path) -> list[dict[str, Any]]:
@@ -139,7 +144,12 @@ def pod_config(tmp_path: Path) -> PodConfig:
     pod = _resource("Deployment", "narwhal")["spec"]["template"]["spec"]
     env: dict[str, str] = {}
     for variable in container["env"]:
-        ref = variable["valueFrom"]["secretKeyRef"]
+        source = variable["valueFrom"]
+        if "fieldRef" in source:  # the downward API: the pod's own name
+            assert source["fieldRef"]["fieldPath"] == "metadata.name"
+            env[variable["name"]] = POD_NAME
+            continue
+        ref = source["secretKeyRef"]
         assert ref["name"] == "narwhal-secrets"
         env[variable["name"]] = secret[ref["key"]]
     text = _resource("ConfigMap", "narwhal-config")["data"]["narwhal.yaml"]
@@ -210,12 +220,16 @@ def test_the_grace_period_covers_the_shutdown_delay_and_the_drain(
     assert pod["terminationGracePeriodSeconds"] > shutdown + serving["drain_timeout_s"]
 
 
-def test_probes_ask_ready_and_health_on_the_serving_port(effective: dict[str, Any]) -> None:
+def test_probes_ask_health_on_the_serving_port(effective: dict[str, Any]) -> None:
     container = _router_container()
     ports = {p["name"]: p["containerPort"] for p in container["ports"]}
     readiness = container["readinessProbe"]["httpGet"]
     liveness = container["livenessProbe"]["httpGet"]
-    assert (readiness["path"], liveness["path"]) == ("/ready", "/health")
+    # Readiness was /ready, 200 on the active router only: two pods of three were never
+    # ready, so rollouts waited on a human, drains were blocked and availability alerts
+    # fired for ever. It is process health now, and the leader label steers the traffic
+    # (test_the_clients_service_selects_the_leader_label_the_router_sets).
+    assert (readiness["path"], liveness["path"]) == ("/health", "/health")
     assert ports[readiness["port"]] == ports[liveness["port"]] == effective["serving"]["port"]
     # Probes and the Service come to the pod's IP, never to its loopback.
     assert effective["serving"]["host"] in ("0.0.0.0", "::")
@@ -223,15 +237,60 @@ def test_probes_ask_ready_and_health_on_the_serving_port(effective: dict[str, An
     assert [p["targetPort"] for p in service["spec"]["ports"]] == [readiness["port"]]
 
 
-def test_the_service_and_the_budget_select_the_routers() -> None:
+def test_the_services_and_the_budget_select_the_routers(effective: dict[str, Any]) -> None:
     labels = _resource("Deployment", "narwhal")["spec"]["template"]["metadata"]["labels"]
+    leader = effective["ha"]["kubernetes_label"]
+    clients = dict(_resource("Service", "narwhal")["spec"]["selector"])
+    del clients[leader["key"]]  # the one label the template does not give: the leader's
     selectors = [
-        _resource("Service", "narwhal")["spec"]["selector"],
+        clients,
+        _resource("Service", "narwhal-routers")["spec"]["selector"],
         _resource("PodDisruptionBudget", "narwhal")["spec"]["selector"]["matchLabels"],
         _resource("Deployment", "narwhal")["spec"]["selector"]["matchLabels"],
     ]
     for selector in selectors:
         assert selector.items() <= labels.items()
+
+
+def test_the_clients_service_selects_the_leader_label_the_router_sets(
+    effective: dict[str, Any],
+) -> None:
+    leader = effective["ha"]["kubernetes_label"]
+    selector = _resource("Service", "narwhal")["spec"]["selector"]
+    assert selector[leader["key"]] == leader["value"]
+    # No pod starts with it, or every pod would get traffic until its router removed it.
+    template = _resource("Deployment", "narwhal")["spec"]["template"]["metadata"]["labels"]
+    assert leader["key"] not in template
+    # The monitoring Service reaches every router, standbys included.
+    assert leader["key"] not in _resource("Service", "narwhal-routers")["spec"]["selector"]
+
+
+def test_the_router_finds_its_pod_and_may_patch_it(effective: dict[str, Any]) -> None:
+    leader = effective["ha"]["kubernetes_label"]
+    pod = _resource("Deployment", "narwhal")["spec"]["template"]["spec"]
+    (variable,) = [v for v in _router_container()["env"] if v["name"] == leader["pod_name_env"]]
+    assert variable["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
+    assert pod["serviceAccountName"] == "narwhal"
+    assert pod["automountServiceAccountToken"] is True
+    assert leader["service_account_dir"] == "/var/run/secrets/kubernetes.io/serviceaccount"
+    _resource("ServiceAccount", pod["serviceAccountName"])
+    binding = _resource("RoleBinding", "narwhal-pod-label")
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": pod["serviceAccountName"]}]
+    assert binding["roleRef"]["kind"] == "Role"
+    role = _resource("Role", binding["roleRef"]["name"])
+    # Exactly what the label needs: read the pod and patch it, nothing more.
+    assert role["rules"] == [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "patch"]}]
+
+
+def test_rollouts_and_drains_keep_a_standby_and_need_no_one() -> None:
+    deployment = _resource("Deployment", "narwhal")["spec"]
+    rolling = deployment["strategy"]["rollingUpdate"]
+    # A new router is ready before an old one goes; one leaves at a time.
+    assert (rolling["maxSurge"], rolling["maxUnavailable"]) == (1, 0)
+    assert "progressDeadlineSeconds" not in deployment  # the default suffices now
+    budget = _resource("PodDisruptionBudget", "narwhal")["spec"]
+    assert budget["maxUnavailable"] == 1 and "minAvailable" not in budget
+    assert deployment["replicas"] - budget["maxUnavailable"] >= 2  # a leader and a standby
 
 
 def test_the_ha_endpoints_are_the_etcd_members(effective: dict[str, Any]) -> None:
@@ -244,14 +303,27 @@ def test_the_ha_endpoints_are_the_etcd_members(effective: dict[str, Any]) -> Non
 
 
 @pytest.fixture
-def pod_router(pod_config: PodConfig) -> Iterator[str]:
-    """The ConfigMap's router on a loopback port, where no engine and no etcd resolves."""
+def pod_router(pod_config: PodConfig, tmp_path: Path, closed_port: int) -> Iterator[str]:
+    """The ConfigMap's router on a loopback port, where no engine and no etcd resolves and
+    the Kubernetes API refuses connections: its ServiceAccount's files are there (a
+    token, a CA, the namespace), as in the pod, in a directory of the test's."""
+    account = tmp_path / "serviceaccount"
+    account.mkdir()
+    (account / "token").write_text("token")
+    (account / "namespace").write_text("narwhal")
+    trustme.CA().cert_pem.write_to_path(str(account / "ca.crt"))
+    config = yaml.safe_load(pod_config.path.read_text())
+    label = config["ha"]["kubernetes_label"]
+    assert "service_account_dir" not in label  # the default, where the kubelet mounts it
+    label["service_account_dir"] = str(account)
+    pod_config.path.write_text(yaml.safe_dump(config))
+    api = {"KUBERNETES_SERVICE_HOST": "127.0.0.1", "KUBERNETES_SERVICE_PORT": str(closed_port)}
     args = ["serve", "--config", str(pod_config.path), "--host", "127.0.0.1", "--port", "0"]
-    with narwhal_process(args, env=pod_config.env) as process:
+    with narwhal_process(args, env={**pod_config.env, **api}) as process:
         yield process.url
 
 
-async def test_the_router_starts_alive_and_unready_before_engines_and_etcd(
+async def test_the_router_starts_alive_and_unready_before_engines_etcd_and_the_api(
     pod_router: str,
 ) -> None:
     async with aiohttp.ClientSession() as session:

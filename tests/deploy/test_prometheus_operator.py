@@ -1,5 +1,6 @@
 """deploy/kubernetes's objects for the Prometheus Operator, which kubernetes-validate has
-no schemas for: the ServiceMonitor scrapes the routers' /metrics through the Service, the
+no schemas for: the ServiceMonitor scrapes every router's /metrics through the headless
+Service of the routers (standbys included), the
 pods' scrape annotations say the same, and the PrometheusRule carries exactly the groups
 of deploy/prometheus/narwhal-alerts.yaml (which promtool checks), as
 scripts/prometheus_rule.py builds it."""
@@ -32,11 +33,17 @@ def _only(path: Path, kind: str) -> dict[str, Any]:
 
 def test_the_service_monitor_scrapes_metrics_on_the_services_port() -> None:
     monitor = _only(SERVICE_MONITOR, "ServiceMonitor")
-    service = _resource("Service", "narwhal")
+    # Every router, through the headless Service: the clients' Service selects the leader
+    # alone (its leader label), and the alerts need the standbys' state as well.
+    service = _resource("Service", "narwhal-routers")
     spec = monitor["spec"]
     # A ServiceMonitor selects Services by their own labels, not their pods'.
     assert spec["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
+    clients = _resource("Service", "narwhal")["metadata"]["labels"]
+    assert not spec["selector"]["matchLabels"].items() <= clients.items()
     assert set(spec) <= {"selector", "endpoints", "namespaceSelector", "jobLabel"}
+    # The job the rules group a fleet by is `narwhal`, the clients' Service's name.
+    assert service["metadata"]["labels"][spec["jobLabel"]] == "narwhal"
     (endpoint,) = spec["endpoints"]
     assert endpoint["port"] in {p["name"] for p in service["spec"]["ports"]}
     assert endpoint["path"] == "/metrics"
@@ -53,7 +60,7 @@ def test_the_scrape_annotations_name_the_serving_port_and_metrics() -> None:
     ports = {p["name"]: p["containerPort"] for p in _router_container()["ports"]}
     monitor = _only(SERVICE_MONITOR, "ServiceMonitor")["spec"]["endpoints"][0]
     service_ports = {
-        p["name"]: p["targetPort"] for p in _resource("Service", "narwhal")["spec"]["ports"]
+        p["name"]: p["targetPort"] for p in _resource("Service", "narwhal-routers")["spec"]["ports"]
     }
     assert annotations["prometheus.io/scrape"] == "true"
     assert annotations["prometheus.io/port"] == str(ports[service_ports[monitor["port"]]])

@@ -56,6 +56,8 @@ def test_live_settings_are_described_with_their_values() -> None:
             {"ha": {"backend": "etcd", "endpoints": ["http://127.0.0.1:2379"]}},
             "ha.backend",
         ),
+        # The label's task, its client and its pod are built at start.
+        ({"ha": {"kubernetes_label": {}}}, "ha.kubernetes_label"),
     ],
 )
 def test_what_needs_a_restart_is_refused_by_key(sections: dict[str, Any], key: str) -> None:

@@ -34,6 +34,14 @@ def test_the_first_owner_in_order_names_the_state() -> None:
     assert state.unavailable_reason() == "shutting_down"
 
 
+def test_each_owners_reason_can_be_read_behind_the_first() -> None:
+    # What the pod label follows: the shutdown's and high availability's reasons alone.
+    state = RouterState(initial={"ha": "standby"})
+    state.set("shutdown", "shutting_down")
+    assert (state.reason("shutdown"), state.reason("ha")) == ("shutting_down", "standby")
+    assert state.reason("maintenance") is None
+
+
 def test_the_guard_refuses_as_fenced_when_no_reason_is_set() -> None:
     provable = [True]
     state = RouterState()

@@ -235,6 +235,24 @@ class FleetConfig(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True)
     ) = None
 
 
+class KubernetesLabelConfig(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    """On Kubernetes: the label the leader keeps on its own pod, which the clients' Service
+    selects, so that every healthy pod can be ready (`ha/pod_label.py`,
+    deploy/kubernetes). The label steers traffic only: a standby still refuses with 503."""
+
+    # A Kubernetes label key ([prefix/]name) and value; the Service's selector names both.
+    key: NonEmpty = "narwhal.io/leader"
+    value: str = "true"
+    # The environment variable holding the pod's name (the downward API's metadata.name).
+    pod_name_env: NonEmpty = "POD_NAME"
+    # controller.kubernetes.io/pod-deletion-cost on the leader's pod, so that a ReplicaSet
+    # scaling down (a rollout's old one, `kubectl scale`) removes standbys first; null: not set.
+    deletion_cost: Annotated[int, Meta(ge=-(2**31), le=2**31 - 1)] | None = 1000
+    # The pod's ServiceAccount (token, ca.crt, namespace): where Kubernetes mounts it, or
+    # a projected volume's mount path.
+    service_account_dir: NonEmpty = "/var/run/secrets/kubernetes.io/serviceaccount"
+
+
 class HAConfig(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
     """One active router per fleet, elected through an etcd lease (`ha/election.py`)."""
 
@@ -249,6 +267,8 @@ class HAConfig(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
     fence_margin_s: PositiveSeconds | None = None
     # How this router names itself in the leader key's value (default: host:pid).
     id: str | None = None
+    # On Kubernetes, the leader labels its own pod for the clients' Service; null: off.
+    kubernetes_label: KubernetesLabelConfig | None = None
 
     @property
     def renew_interval(self) -> float:

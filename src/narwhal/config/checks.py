@@ -2,12 +2,14 @@
 is well typed (`narwhal.config.config_from_mapping` runs them), each a list of `Problem`s
 named by their dotted paths: an engine's URL (a base, not one ending in /v1), the
 prefill/decode handshake of its dialect, names and URLs unique, a disaggregated fleet's
-two halves, the fleet's timings, high availability's lease, the tracing endpoint, and
-secrets given once, in a form a bearer header can carry."""
+two halves, the fleet's timings, high availability's lease and its Kubernetes label (a
+label key and value Kubernetes accepts), the tracing endpoint, and secrets given once, in
+a form a bearer header can carry."""
 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
@@ -25,6 +27,7 @@ if TYPE_CHECKING:
         EngineConfig,
         FleetConfig,
         HAConfig,
+        KubernetesLabelConfig,
         ServingConfig,
         TenantConfig,
         TracingConfig,
@@ -167,11 +170,11 @@ def _check_fleet(fleet: FleetConfig) -> list[Problem]:
 
 
 def _check_ha(ha: HAConfig) -> list[Problem]:
+    problems = [] if ha.kubernetes_label is None else _check_kubernetes_label(ha.kubernetes_label)
     if ha.backend != "etcd":
-        return []
+        return problems
     if not ha.endpoints:
-        return [Problem(("ha", "endpoints"), "required when ha.backend is etcd")]
-    problems: list[Problem] = []
+        return [*problems, Problem(("ha", "endpoints"), "required when ha.backend is etcd")]
     for i, endpoint in enumerate(ha.endpoints):
         url = urlsplit(endpoint)
         if url.scheme not in ("http", "https") or not url.hostname:
@@ -199,6 +202,62 @@ def _check_ha(ha: HAConfig) -> list[Problem]:
             )
         )
     return problems
+
+
+# Kubernetes' own rules (apimachinery's IsQualifiedName and IsValidLabelValue): a name of at
+# most 63 characters, alphanumeric at both ends; an optional prefix that is a DNS subdomain.
+_LABEL_NAME = re.compile(r"^([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]$")
+_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+_RESERVED_PREFIXES = ("kubernetes.io", "k8s.io")
+# A container's environment variable as Kubernetes has always accepted one.
+_ENV_NAME = re.compile(r"^[-._a-zA-Z][-._a-zA-Z0-9]*$")
+_NAME_RULE = (
+    "at most 63 characters, letters, digits, '-', '_' and '.', beginning and ending with "
+    "a letter or digit"
+)
+
+
+def _check_kubernetes_label(label: KubernetesLabelConfig) -> list[Problem]:
+    path: Path = ("ha", "kubernetes_label")
+    problems = []
+    problem = label_key_problem(label.key)
+    if problem is not None:
+        problems.append(
+            Problem((*path, "key"), f"{json.dumps(label.key)} is not a label key: {problem}")
+        )
+    if label.value and (len(label.value) > 63 or not _LABEL_NAME.match(label.value)):
+        problems.append(
+            Problem(
+                (*path, "value"),
+                f"{json.dumps(label.value)} is not a label value: empty, or {_NAME_RULE}",
+            )
+        )
+    if not _ENV_NAME.match(label.pod_name_env):
+        problems.append(
+            Problem(
+                (*path, "pod_name_env"),
+                f"{json.dumps(label.pod_name_env)} is not an environment variable's name",
+            )
+        )
+    return problems
+
+
+def label_key_problem(key: str) -> str | None:
+    """What is wrong with `key` as a Kubernetes label key, or None."""
+    prefix, slash, name = key.rpartition("/")
+    if slash and "/" in prefix:
+        return "at most one '/', between a prefix and a name"
+    if len(name) > 63 or not _LABEL_NAME.match(name):
+        return f"the name (after any prefix/) must be {_NAME_RULE}"
+    if slash:
+        if len(prefix) > 253 or not _DNS_SUBDOMAIN.match(prefix):
+            return (
+                "the prefix (before /) must be a DNS subdomain: lowercase letters, digits, "
+                "'-' and '.', at most 253 characters"
+            )
+        if prefix in _RESERVED_PREFIXES:
+            return f"the prefix {prefix}/ is reserved for Kubernetes' own components"
+    return None
 
 
 def _check_tracing(tracing: TracingConfig) -> list[Problem]:

@@ -78,6 +78,10 @@ class RouterState:
             return "fenced"
         return reason
 
+    def reason(self, owner: Owner) -> str | None:
+        """The reason `owner` has set, or None (whatever the other owners have set)."""
+        return self._reasons.get(owner)
+
     def set(self, owner: Owner, reason: str | None, why: str = "") -> None:
         """Set (or, with None, clear) `owner`'s reason; `why` goes into the change's log line."""
         if self._reasons.get(owner) == reason:
