@@ -43,13 +43,19 @@ def test_expected_batch_counts_each_for_its_share_of_the_horizon() -> None:
     assert batch == pytest.approx(0.01 + 1.0, abs=0.2)
 
 
-def test_answers_are_refreshed_at_most_every_refresh_interval() -> None:
-    book = DecodeBook(learned(100), refresh_s=1.0)
-    book.start("a", "chat", 100, 50)
+def test_reported_output_counts_at_once_and_learned_lengths_at_each_refresh() -> None:
+    lengths = learned(100)
+    book = DecodeBook(lengths, refresh_s=1.0)
+    book.start("a", "chat", 100, None)
     first = book.work(10.0)
-    book.produced("a", 49)
-    assert book.work(10.5) == first  # cached
-    assert book.work(11.0) == pytest.approx(1.0)
+    assert first == pytest.approx(100, rel=0.15)
+    book.produced("a", 30)  # a batch of output counts: its remainder follows at once
+    assert book.work(10.1) == pytest.approx(100, rel=0.3)  # memoryless: ~100 more
+    assert book.kv_tokens(10.1) == 130
+    for _ in range(20_000):  # the lengths learn much longer outputs meanwhile
+        lengths.observe("chat", 100, 2000)
+    assert book.work(10.5) == pytest.approx(100, rel=0.3)  # not until the next refresh
+    assert book.work(11.0) > 500  # refreshed by what was learned
 
 
 def test_progress_for_a_request_not_decoding_here_is_ignored() -> None:

@@ -11,9 +11,16 @@ is not counted after it has.
 The engine's book answers, for a new request that will decode `horizon` tokens there:
 how many others will, on average, be decoding beside it (each counts for the share of
 the horizon it is expected to last), which is the batch its TPOT is projected at; and
-how many tokens of decode work the engine still has. Reading each request's progress
-is O(requests decoding), so the answers are refreshed at most every `refresh_s` and
-read from the cache between; memory is one entry per request decoding there.
+how many tokens of decode work the engine still has.
+
+Every predictive check reads these, so each request's expected remainder is kept with it
+rather than computed per read (computing it walks the learned length histogram: with 64
+requests decoding and the remainders recomputed on every start and stop, the book cost
+0.4 ms of each check, `scripts/perf/decision.py`). A remainder is computed when its
+request starts and when its output is reported (`produced`, in the gate's batches), and
+all of them again at most every `refresh_s`, so that they follow what the lengths learn
+meanwhile. A read is then O(requests decoding) additions; memory is one entry per
+request decoding there.
 """
 
 from __future__ import annotations
@@ -30,16 +37,20 @@ class _Decoding:
     prompt_tokens: int
     cap: int | None
     produced: int = 0  # output tokens so far, as last reported (`DecodeBook.produced`)
+    left: float = 0.0  # expected tokens still to come, as of `produced`
+
+    @property
+    def kv(self) -> float:
+        """The KV it holds now: its prompt and its output so far."""
+        return float(self.prompt_tokens + self.produced)
 
 
 class DecodeBook:
-    def __init__(self, lengths: OutputLengths, *, refresh_s: float = 0.05) -> None:
+    def __init__(self, lengths: OutputLengths, *, refresh_s: float = 1.0) -> None:
         self._lengths = lengths
         self._refresh_s = refresh_s
         self._decoding: dict[object, _Decoding] = {}
         self._at = float("-inf")
-        self._remaining: list[float] = []  # expected tokens still to come, per request
-        self._kv: list[float] = []  # the KV each holds now (prompt and output so far)
 
     def __len__(self) -> int:
         return len(self._decoding)
@@ -48,49 +59,50 @@ class DecodeBook:
     def lengths(self) -> OutputLengths:
         return self._lengths
 
+    def _left(self, d: _Decoding) -> float:
+        return self._lengths.remaining(d.route, d.prompt_tokens, d.produced, d.cap)
+
     def start(
         self, key: object, route: Route, prompt_tokens: int, cap: int | None, produced: int = 0
     ) -> None:
-        self._decoding[key] = _Decoding(route, prompt_tokens, cap, produced)
-        self._at = float("-inf")
+        decoding = _Decoding(route, prompt_tokens, cap, produced)
+        decoding.left = self._left(decoding)
+        self._decoding[key] = decoding
 
     def produced(self, key: object, tokens: int) -> None:
-        """The request has produced `tokens` output tokens so far (reported in batches:
-        read at the next refresh)."""
+        """The request has produced `tokens` output tokens so far (reported in batches)."""
         decoding = self._decoding.get(key)
-        if decoding is not None:
+        if decoding is not None and decoding.produced != tokens:
             decoding.produced = tokens
+            decoding.left = self._left(decoding)
 
     def stop(self, key: object) -> None:
-        if self._decoding.pop(key, None) is not None:
-            self._at = float("-inf")
+        self._decoding.pop(key, None)
+
+    def _refresh(self, now: float) -> None:
+        """Every remainder again, by what the lengths have learned, at most every
+        `refresh_s`."""
+        if now - self._at >= self._refresh_s:
+            for decoding in self._decoding.values():
+                decoding.left = self._left(decoding)
+            self._at = now
 
     def remaining(self, now: float) -> list[float]:
-        """Expected tokens still to come, per request decoding (refreshed lazily)."""
-        if now - self._at >= self._refresh_s:
-            lengths = self._lengths
-            remaining = []
-            kv = []
-            for d in self._decoding.values():
-                produced = d.produced
-                remaining.append(lengths.remaining(d.route, d.prompt_tokens, produced, d.cap))
-                kv.append(float(d.prompt_tokens + produced))
-            self._remaining, self._kv = remaining, kv
-            self._at = now
-        return self._remaining
+        """Expected tokens still to come, per request decoding."""
+        self._refresh(now)
+        return [d.left for d in self._decoding.values()]
 
     def kv_tokens(self, now: float) -> float:
         """KV tokens the requests decoding here hold now."""
-        self.remaining(now)
-        return sum(self._kv)
+        return sum(d.kv for d in self._decoding.values())
 
     def tokens_until_freed(self, kv_needed: float, now: float) -> float | None:
         """Decode tokens (of the request that frees the last of it) until requests
         finishing in order of their remaining work have freed `kv_needed` KV tokens;
         None when all of them together would not."""
-        remaining = self.remaining(now)
+        self._refresh(now)
         freed = 0.0
-        for left, kv in sorted(zip(remaining, self._kv, strict=True)):
+        for left, kv in sorted((d.left, d.kv) for d in self._decoding.values()):
             freed += kv + left  # it grows by what it still produces, then lets it all go
             if freed >= kv_needed:
                 return left
