@@ -34,6 +34,7 @@ RESTART_KEYS: Final = (
     "serving.port",
     "serving.tls_cert",
     "serving.tls_key",
+    "serving.workers",
     "admission.mode",
     "admission.classes",
     "fleet.policy",
