@@ -41,7 +41,9 @@ def wait_engines_rc(rc_file: Path, started: float) -> None:
     while not rc_file.exists() or not rc_file.read_text().strip():
         time.sleep(0.5)
     code = int(rc_file.read_text())
-    lines = ENGINES_LOG.read_text(errors="replace").splitlines()
+    # (The log may be missing or empty: the engines installed by hand, say.)
+    log = ENGINES_LOG.read_text(errors="replace") if ENGINES_LOG.exists() else ""
+    lines = log.splitlines() or ["(no output)"]
     if code == 0:
         print(f"+ engines ready ({time.monotonic() - started:.0f}s): {lines[-1]}", flush=True)
         return
