@@ -12,12 +12,12 @@ is this script's output and that every series it queries exists on a running rou
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from pathlib import Path
 from typing import Any
 
+from generated_file import write_or_check
 from grafana_panels import DATASOURCE, ROWS, Panel
 
 OUTPUT = Path(__file__).resolve().parent.parent / "deploy" / "grafana" / "narwhal.json"
@@ -224,18 +224,7 @@ def rendered() -> str:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--check", action="store_true", help="compare, do not write")
-    args = parser.parse_args()
-    text = rendered()
-    if args.check:
-        if OUTPUT.read_text() != text:
-            print(f"{OUTPUT} is not what {__file__} builds: run it", file=sys.stderr)
-            return 1
-        return 0
-    OUTPUT.parent.mkdir(parents=True, exist_ok=True)
-    OUTPUT.write_text(text)
-    return 0
+    return write_or_check(OUTPUT, rendered(), script=__file__, description=__doc__.splitlines()[0])
 
 
 if __name__ == "__main__":

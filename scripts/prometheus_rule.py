@@ -11,12 +11,12 @@ two cannot drift: tests/deploy checks that the checked-in file is this script's 
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 from typing import Any
 
 import yaml
+from generated_file import write_or_check
 
 ROOT = Path(__file__).resolve().parent.parent
 RULES = ROOT / "deploy" / "prometheus" / "narwhal-alerts.yaml"
@@ -110,17 +110,7 @@ def rendered() -> str:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--check", action="store_true", help="compare, do not write")
-    args = parser.parse_args()
-    text = rendered()
-    if args.check:
-        if OUTPUT.read_text() != text:
-            print(f"{OUTPUT} is not what {__file__} builds: run it", file=sys.stderr)
-            return 1
-        return 0
-    OUTPUT.write_text(text)
-    return 0
+    return write_or_check(OUTPUT, rendered(), script=__file__, description=__doc__.splitlines()[0])
 
 
 if __name__ == "__main__":
