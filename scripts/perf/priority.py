@@ -310,6 +310,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--capacity", type=float, default=None, help="req/s (default: measure)")
     parser.add_argument("--smg", default=None, help="the smg executable, to run beside it")
     parser.add_argument("--json", default=None)
+    parser.add_argument("--plot", default=None, help="write the figure here (a .png; matplotlib)")
     args = parser.parse_args(argv)
     levels = [float(x) for x in args.levels.split(",")]
     SIM_FLAGS[:] = [*SIM_FLAGS[:BASE_SIM_FLAGS], "--prefill-discipline", args.discipline]
@@ -342,6 +343,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                     )
                 )
     report(runs, args.budget, capacity)
+    if args.plot:
+        plot(runs, args.budget, capacity, args.plot)
     if args.json:
         harness.write_json(
             args.json,
@@ -416,6 +419,59 @@ def report(runs: list[Run], budget: float, capacity: float) -> None:
             tenant_rows,
         )
     )
+
+
+def plot(runs: list[Run], budget: float, capacity: float, path: str) -> None:
+    """Per router against the level: each class's attainment (its admitted requests whose
+    first token met the budget) and refused share, and the polite tenant's goodput as a
+    share of its goodput alone."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (left, middle, right) = plt.subplots(1, 3, figsize=(13, 4.2))
+    styles = {"narwhal": "-", "smg": "--"}
+    colors = {"critical": "tab:red", "standard": "tab:blue", "sheddable": "tab:gray"}
+    for router in sorted({run.router for run in runs}):
+        loaded = sorted((r for r in runs if r.router == router and r.level), key=lambda r: r.level)
+        base = next((r for r in runs if r.router == router and not r.level), None)
+        levels = [run.level for run in loaded]
+        style = styles.get(router, ":")
+        for cls in CLASSES:
+            attained, refused = [], []
+            for run in loaded:
+                results = run.of(cls=cls)
+                admitted = [r for r in results if r.status == 200]
+                within = [r for r in admitted if r.ttft is not None and r.ttft <= budget]
+                attained.append(100 * len(within) / len(admitted) if admitted else float("nan"))
+                gone = sum(r.status in (429, 503) for r in results)
+                refused.append(100 * gone / len(results) if results else float("nan"))
+            label = f"{router}: {cls}"
+            left.plot(levels, attained, style, color=colors[cls], marker="o", label=label)
+            middle.plot(levels, refused, style, color=colors[cls], marker="o", label=label)
+        if base is not None and base.goodput(budget, "polite"):
+            alone = base.goodput(budget, "polite")
+            kept = [100 * run.goodput(budget, "polite") / alone for run in loaded]
+            right.plot(levels, kept, style, color="black", marker="o", label=router)
+    left.axhline(99, color="tab:green", linewidth=0.8, label="99% target")
+    right.axhline(90, color="tab:green", linewidth=0.8, label="90% target")
+    left.set(title="attainment of admitted requests", ylabel="% within the TTFT budget")
+    middle.set(title="refused (429, 503)", ylabel="% of the class's offered requests")
+    right.set(title="the polite tenant while the other floods", ylabel="% of its goodput alone")
+    for axes in (left, middle, right):
+        axes.set_xlabel(f"offered load (x capacity, {capacity:.1f} req/s)")
+        axes.grid(alpha=0.3)
+    left.legend(fontsize=7)
+    right.legend(fontsize=8)
+    fig.suptitle(
+        f"Priority classes and tenants: 20% critical, 50% standard, 30% sheddable; TTFT budget "
+        f"{budget:g} s; {harness.stamp(harness.narwhal_revision())}",
+        fontsize=9,
+    )
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
 
 
 # Narwhal's classes as SMG's (system > interactive > default > bulk; `system` may preempt).
