@@ -29,11 +29,13 @@ import math
 from dataclasses import replace
 from typing import Any, Final
 
+from narwhal.models import one_at_a_time
 from narwhal.models.calibration import Calibration
 from narwhal.models.decode import DecodeBook
 from narwhal.models.discipline import EngineDiscipline
 from narwhal.models.drift import DriftScore, DriftWatch
 from narwhal.models.idle_refusals import IdleRefusals
+from narwhal.models.kv_cache import KvCacheRoom
 from narwhal.models.lane import PrefillLane, StepCosts
 from narwhal.models.lengths import OutputLengths
 from narwhal.models.pending import PendingPrefill, PendingPrefills
@@ -73,17 +75,10 @@ _HALF_LIFE: Final = 200.0  # samples
 # stall or a clock jump moves the fit by one bounded step, not to the moon.
 _CLIP: Final = 10.0
 _RATE_TAU_S: Final = 2.0  # the prefill-rate averages' time constant
-# KV cache: its size is learned while it is at least this full (a prefill the cache has
-# no room for waits for decodes to free it: vLLM admits no prompt it has no blocks for).
-_KV_LEARN_FROM: Final = 0.3
-_KV_HEADROOM: Final = 0.9  # the share of the cache placement fills
 # TPOT observed where prefill stretched decode steps more than this is not learned from.
 _MAX_LEARNED_STRETCH: Final = 2.0
 _TTFT_KEPT_S: Final = 0.001
 
-
-# The normal quantile of the bound (99.5%), for a sum of output lengths (one at a time).
-_SPREAD_Z: Final = 2.58
 DEFAULT_STEP_BUDGET: Final = 8192  # vLLM's max_num_batched_tokens on large GPUs
 DEFAULT_MAX_SEQUENCES: Final = 256  # vLLM's max_num_seqs
 
@@ -101,7 +96,7 @@ class EngineModel:
         self.name = name
         self.step_budget = step_budget
         self.max_sequences = max_sequences
-        self.kv_capacity: float | None = None  # tokens, learned from the engine's metrics
+        self.kv_cache = KvCacheRoom()
         # The requests decoding here, their remaining work corrected as they produce.
         self.decoding = DecodeBook(lengths or OutputLengths())
         self.profile: Profile | None = None
@@ -305,7 +300,8 @@ class EngineModel:
             self.throughput.projection(prompt_tokens, now, decoding, self._beside_head(decoding)),
         )
         if self.one_at_a_time:
-            projected = max(projected, self._one_at_a_time_ttft(prompt_tokens, now))
+            waited = one_at_a_time.wait(self.decoding, self._pending, self.decode_step(1.0), now)
+            projected = max(projected, waited + self.service(prompt_tokens, 0.0))
         # Never less than the prompt's own prefill alone.
         alone = self.service(prompt_tokens, decoding)
         projected = max(projected, alone)
@@ -325,29 +321,6 @@ class EngineModel:
         """Whether the engine runs one request at a time (`EngineDiscipline`)."""
         return self.discipline.one_at_a_time
 
-    def _one_at_a_time_ttft(self, prompt_tokens: int, now: float) -> float:
-        """On an engine that serves one request at a time: what those decoding have left,
-        then each prompt waiting ahead with its whole expected output, then this prefill."""
-        step = self.decode_step(1.0)
-        left = sum(self.decoding.remaining(now)) * step
-        for pending in self._pending:
-            left += pending.estimate + pending.output * step
-        return left + self.service(prompt_tokens, 0.0)
-
-    def _one_at_a_time_spread(self, now: float) -> float:
-        """How far past `_one_at_a_time_ttft` the first token may come, at the bound's
-        quantile: there the wait is the outputs of every request ahead, whose lengths are
-        known only in expectation, and no histogram of past errors can follow a wait
-        that a few long outputs make (a request or two a second). Each length is taken
-        as varying by the learned coefficient of variation around its expectation; the
-        sum's spread is the root of their squares."""
-        spread = sum(r * r for r in self.decoding.remaining(now))
-        spread += sum(p.output * p.output for p in self._pending)
-        if spread <= 0:
-            return 0.0
-        cv = self.decoding.lengths.variation()
-        return _SPREAD_Z * cv * math.sqrt(spread) * self.decode_step(1.0)
-
     @property
     def idle(self) -> bool:
         """Nothing of Narwhal's in flight here (no prefill waiting, no decode)."""
@@ -357,7 +330,9 @@ class EngineModel:
         """The TTFT a projection made now stays under (at the calibration's quantile)."""
         bound = self.calibration.upper(projected, self.lateness(now), idle=self.idle)
         if self.one_at_a_time:
-            bound = max(bound, projected + self._one_at_a_time_spread(now))
+            step = self.decode_step(1.0)
+            spread = one_at_a_time.spread(self.decoding, self._pending, step, now)
+            bound = max(bound, projected + spread)
         return bound
 
     def expected(self, projected: float) -> float:
@@ -377,34 +352,20 @@ class EngineModel:
                 worst = late
         return worst
 
+    @property
+    def kv_capacity(self) -> float | None:
+        """The KV cache's size in tokens, as learned (None until it has been)."""
+        return self.kv_cache.capacity
+
     def kv_wait(self, prompt_tokens: int, kv_usage: float, decoding: float, now: float) -> float:
         """Seconds until the engine's KV cache has room for this prompt and those ahead
-        of it: a full cache admits no prefill until decodes finish and free theirs."""
+        of it (`narwhal.models.kv_cache`)."""
         held = self.decoding.kv_tokens(now) + self.lane.tokens()
         waiting = self.lane.waiting_tokens()
-        if kv_usage >= _KV_LEARN_FROM and held > 0:
-            # The cache's size, from what Narwhal's requests hold and the share in use.
-            estimate = held / kv_usage
-            known = self.kv_capacity
-            self.kv_capacity = estimate if known is None else known + 0.1 * (estimate - known)
-        capacity = self.kv_capacity
-        if capacity is None:
-            return 0.0
-        # In use: what the engine said (up to a probe interval old), or what Narwhal has
-        # placed there since, whichever is more.
-        in_use = max(kv_usage * capacity, held - waiting)
-        # The decodes there grow into the cache as they produce: a prompt is placed only
-        # where it leaves them room, since a cache that overflows preempts sequences,
-        # whose prefill is done again ahead of everyone's (hidden work the lane cannot
-        # see) as vLLM's recompute preemption does.
-        room = _KV_HEADROOM * capacity - in_use
-        needed = prompt_tokens + waiting - room
-        if needed <= 0:
-            return 0.0
-        tokens = self.decoding.tokens_until_freed(needed, now)
-        if tokens is None:
-            return 0.0  # Narwhal's requests are not what fills it: nothing to project by
-        return tokens * self.tpot(decoding, now)
+        tokens = self.kv_cache.wait_tokens(
+            prompt_tokens, kv_usage, held, waiting, self.decoding, now
+        )
+        return tokens * self.tpot(decoding, now) if tokens else 0.0
 
     def slot_wait(self, slots: int, decoding: float, now: float) -> float:
         """Seconds until `slots` of the requests decoding here have finished, by their
