@@ -43,6 +43,7 @@ from narwhal.decision.messages import (
     Refused,
     Wakeups,
 )
+from narwhal.dispatch.gate import PROGRESS_EVERY_S
 from narwhal.errors import CapacityRejected, PromptExceedsTtftBudget, TtftBudgetExceeded
 from narwhal.fleet.scrape import EngineScrape
 from narwhal.fleet.state import EngineHealth
@@ -71,7 +72,6 @@ from narwhal.sim.options import SimOptions
 
 Policy = Literal["predictive", "open", "queue"]
 SCRAPE_EVERY_S = 1.0
-PROGRESS_EVERY_S = 0.05  # as the gate batches what decoding requests have produced
 # The engines the projection is measured against (tests and scripts/perf/projection.py):
 # the sim's prefill disciplines, and a chunked engine shaped like vLLM's CPU build on a
 # tiny model (2,048-token steps, fast prefill, cheap decode).
@@ -387,10 +387,7 @@ class ClosedLoop:
             if seq.finished:
                 record.done_at = self.now
                 del self._outputs[request_id]
-                tokens, source = output.output_tokens()
-                summary = OutputSummary(
-                    tokens, source != "events", output.finished, output.time_per_output_token()
-                )
+                summary = OutputSummary.of(output)
                 wakeups += self.brain.finished(Finished(request_id, summary), self._time())
                 self._records.pop(request_id, None)
         self._wake(wakeups)

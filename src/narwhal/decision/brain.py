@@ -79,7 +79,6 @@ class Brain:
         check: PredictiveCheck | None = None,
         lengths: OutputLengths | None = None,
         admitted: Callable[[str, float, float], None] | None = None,
-        overloaded_shortcut: bool = True,
     ) -> None:
         """`check`, `lengths`: predictive admission (the TTFT check, output lengths);
         `admitted(tenant, work, now)`: told of each request admitted, with its work in
@@ -90,7 +89,6 @@ class Brain:
         self.check = check
         self._lengths = lengths
         self._admitted = admitted
-        self._overloaded_shortcut = overloaded_shortcut
         self._tickets: dict[str, Ticket] = {}  # every request holding a retention place
         self._offers: dict[str, Offer] = {}  # offers waiting for an engine's count
 
@@ -227,12 +225,7 @@ class Brain:
         low = verdict(offer.low)
         if high == low:
             return offer.prompt_tokens
-        if (
-            self._overloaded_shortcut
-            and high[0] == "projected"
-            and high[1] == low[1]
-            and check.overloaded(now)
-        ):
+        if high[0] == "projected" and high[1] == low[1] and check.overloaded(now):
             return offer.high
         return None
 

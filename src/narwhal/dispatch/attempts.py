@@ -100,22 +100,11 @@ class _Failed:
     output: OutputSummary  # what it produced (learning hears it with the retry)
 
 
-def _summary(tracker: OutputTracker) -> OutputSummary:
-    """What an attempt's output came to, as the decision core learns from it."""
-    tokens, source = tracker.output_tokens()
-    return OutputSummary(
-        tokens, source != "events", tracker.finished, tracker.time_per_output_token()
-    )
-
-
 @dataclass(slots=True)
 class _LastAttempt:
     """The output of a request's latest attempt, summed up when the request is released."""
 
     tracker: OutputTracker | None = None
-
-    def summary(self) -> OutputSummary | None:
-        return None if self.tracker is None else _summary(self.tracker)
 
 
 class Dispatcher:
@@ -214,7 +203,7 @@ class Dispatcher:
     def release(self, request_id: str, output: OutputTracker | None) -> None:
         """The request is over: its slots, placement and retention go back; `output`:
         its last attempt's, for what the core learns."""
-        self.gate.release(request_id, None if output is None else _summary(output))
+        self.gate.release(request_id, None if output is None else OutputSummary.of(output))
 
     def _offer(self, request: CompletionRequest, context: RequestContext) -> Offer:
         size = context.prompt_size
@@ -434,7 +423,7 @@ class Dispatcher:
                 self.metrics.engine_series(working).failures["before_headers"].inc()
                 if isinstance(error, UpstreamTimeout):
                     self.timed_out(working, error.phase, context)
-                return _Failed(working, error.message, _summary(tracker))
+                return _Failed(working, error.message, OutputSummary.of(tracker))
             if request.stream:
                 leased = True
                 return StreamLease(self, context, stream, first, deadline, trace)

@@ -22,6 +22,7 @@ from narwhal.config import DEFAULT_TENANT
 from narwhal.protocol.requests import Route
 
 if TYPE_CHECKING:
+    from narwhal.protocol.tracker import OutputTracker
     from narwhal.scheduler.prefix_index import PromptBlocks
     from narwhal.scheduler.registry import EngineEntry
 
@@ -60,6 +61,12 @@ class OutputSummary:
     exact: bool
     complete: bool
     tpot: float | None
+
+    @classmethod
+    def of(cls, tracker: OutputTracker) -> OutputSummary:
+        """What the attempt `tracker` counted came to."""
+        tokens, source = tracker.output_tokens()
+        return cls(tokens, source != "events", tracker.finished, tracker.time_per_output_token())
 
 
 @dataclass(slots=True)
