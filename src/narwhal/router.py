@@ -68,7 +68,7 @@ from narwhal.ops.config_changes import compare
 from narwhal.ops.drain import Drain
 from narwhal.ops.membership import FleetMembership
 from narwhal.ops.operator_state import OperatorState, OperatorStateUnavailable
-from narwhal.ops.reload import ConfigReloader
+from narwhal.ops.reload import ConfigReloader, Source
 from narwhal.ops.state import RouterState
 from narwhal.profiling.probe_text import ProbeCounter
 from narwhal.profiling.runs import Profiler
@@ -94,11 +94,11 @@ class Router:
         self,
         config: Config,
         *,
-        source: Callable[[], Config] | None = None,
+        source: Source | None = None,
         tracer: Tracer | None = None,
     ) -> None:
-        """`source()`: the configuration file, read and checked again (blocking), for a
-        reload; None when there is no file (the embedded default). `tracer`: the spans'
+        """`source(running)`: the configuration file, read and checked again (blocking),
+        for a reload; None when there is no file (the embedded default). `tracer`: the spans'
         recorder in place of the one `config.tracing` names."""
         # Secrets named by `_env`/`_file` keys are read here if the caller has not (ConfigError
         # when one cannot be): every component below sees them inline.
@@ -265,7 +265,7 @@ class Router:
             closing=lambda: self.shutting_down,
         )
         self.operator = OperatorState(self.registry, self.dispatcher.capacity_changed)
-        self.reloader = ConfigReloader(source, self.reload)
+        self.reloader = ConfigReloader(source, lambda: self.config, self.reload)
         self.admin = AdminRoutes(
             self.operator,
             self.report,

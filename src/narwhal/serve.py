@@ -43,6 +43,7 @@ from narwhal.config import (
     section_problems,
 )
 from narwhal.observability.logs import announcement, configure_logging
+from narwhal.ops.reload import Source, file_source
 from narwhal.ops.shutdown import Shutdown
 from narwhal.router import Router
 
@@ -99,12 +100,7 @@ def run(args: argparse.Namespace) -> int:
         if config is None:
             run_event_loop(lambda: serve_embedded(with_flags))
         else:
-            path: str = args.config
-
-            def source() -> Config:
-                """The file as it is now, with the command line's flags (a reload)."""
-                return with_flags(load_config(path))
-
+            source = file_source(args.config, with_flags)
             run_event_loop(lambda: serve_forever(config, source))
     except ConfigError as e:
         for problem in e.problems:
@@ -186,8 +182,8 @@ def run_event_loop(main: Callable[[], Coroutine[Any, Any, None]]) -> None:
         runner.run(main())
 
 
-async def serve_forever(config: Config, source: Callable[[], Config] | None = None) -> None:
-    """Serve until SIGTERM or SIGINT; `source()` reads the configuration again (SIGHUP)."""
+async def serve_forever(config: Config, source: Source | None = None) -> None:
+    """Serve until SIGTERM or SIGINT; `source` reads the configuration again (SIGHUP)."""
     serving = config.serving
     tls = server_tls_context(serving)
     sockets = bind_sockets(serving.host, serving.port)
@@ -200,7 +196,7 @@ async def serve_forever(config: Config, source: Callable[[], Config] | None = No
 
 async def _serve_on(
     config: Config,
-    source: Callable[[], Config] | None,
+    source: Source | None,
     sockets: list[socket.socket],
     tls: ssl.SSLContext | None,
 ) -> None:

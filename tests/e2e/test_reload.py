@@ -242,6 +242,27 @@ async def test_post_admin_reload_says_what_changed_and_refuses_what_needs_a_rest
     assert "restart to change serving.port" in body["error"]["message"]
 
 
+async def test_one_refusal_names_the_files_problems_and_the_restart_only_keys_it_changes(
+    start: Start, tmp_path: Path
+) -> None:
+    sim = start(sim_process("--time-scale", "0"))
+    path = tmp_path / "narwhal.yaml"
+    config = config_for([engine("a", sim)], admission={"mode": "open"})
+    config["serving"] = {"port": unused_port()}
+    # The flag wins over the file's port: that is not a change a reload should name.
+    router = start(router_process(config, "--port", "0", config_path=path))
+    config["serving"] = {**config["serving"], "max_retained": "many"}
+    config["admission"] = {"mode": "predictive"}
+    write_router_config(path, config)
+    status, body = await admin(router, "POST", "/admin/reload")
+    assert status == 400
+    assert [p.split(":")[0] for p in body["problems"]] == [
+        "serving.max_retained",
+        "admission.mode",
+    ]
+    assert (await send(router.url, chat())).status == 200  # the running configuration stays
+
+
 async def test_a_drain_and_a_maintenance_wave_survive_a_reload(
     start: Start, tmp_path: Path
 ) -> None:

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
+import yaml
 
-from narwhal.config import Config, config_from_mapping
+from narwhal.config import Config, ConfigError, config_from_mapping, load_config
 from narwhal.ops.config_changes import compare
+from narwhal.ops.reload import file_source
 
 
 def config(**sections: Any) -> Config:
@@ -104,3 +108,64 @@ def test_tokens_are_said_to_change_never_shown() -> None:
         config(serving={"api_keys": ["k2"], "admin_token": "t2"}),
     )
     assert set(changes.described) == {"serving.api_keys changed", "serving.admin_token changed"}
+
+
+# --- a file with problems still names the restart-only keys it changes --------------------
+
+
+def written(path: Path, **sections: Any) -> None:
+    raw: dict[str, Any] = {"model": "m", "engines": [{"name": "a", "url": "http://127.0.0.1:8101"}]}
+    raw.update(sections)
+    path.write_text(yaml.safe_dump(raw), encoding="utf-8")
+
+
+def refusal(path: Path, running: Config, flags: Any = lambda c: c) -> tuple[str, ...]:
+    with pytest.raises(ConfigError) as caught:
+        file_source(str(path), flags)(running)
+    return caught.value.problems
+
+
+def test_a_file_with_problems_also_names_each_restart_only_key_it_changes(tmp_path: Path) -> None:
+    path = tmp_path / "narwhal.yaml"
+    written(path)
+    running = file_source(str(path), lambda c: c)(load_config(str(path)))
+    written(
+        path,
+        serving={"port": 9999, "max_retained": "many"},  # restart-only beside a type error
+        admission={"mode": "open"},
+        fleet={"policy": "round_robin", "drain_timout_s": 1},  # unreadable: not compared
+    )
+    problems = refusal(path, running)
+    keys = [p.split(":")[0] for p in problems]
+    assert keys[-1] == "admission.mode"  # the file's own problems first, as check-config's
+    assert set(keys[:-1]) == {"serving.max_retained", "fleet.drain_timout_s"}
+    # serving cannot be read as a whole, so its port is not compared; fleet neither.
+    assert not any(k in ("serving.port", "fleet.policy") for k in keys)
+
+
+def test_the_command_lines_flags_apply_to_the_file_as_written(tmp_path: Path) -> None:
+    path = tmp_path / "narwhal.yaml"
+    written(path, serving={"port": 8000})
+
+    def port_flag(c: Config) -> Config:
+        return msgspec.structs.replace(c, serving=msgspec.structs.replace(c.serving, port=0))
+
+    running = file_source(str(path), port_flag)(load_config(str(path)))
+    written(path, serving={"port": 8001}, tokenizer="/elsewhere", engines=[{"name": "a"}])
+    problems = refusal(path, running, port_flag)
+    assert [p.split(":")[0] for p in problems] == ["engines.0.url", "tokenizer"]
+    # Without the flag the port the file gives is another one.
+    problems = refusal(path, running)
+    assert [p.split(":")[0] for p in problems][-2:] == ["serving.port", "tokenizer"]
+
+
+def test_a_key_left_out_means_its_default_and_an_unparsable_file_compares_nothing(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "narwhal.yaml"
+    written(path, admission={"mode": "open"})
+    running = load_config(str(path))
+    written(path, engines="none")  # admission left out: predictive, by default
+    assert [p.split(":")[0] for p in refusal(path, running)][-1] == "admission.mode"
+    path.write_text("model: [m\n", encoding="utf-8")
+    assert all("cannot change" not in p for p in refusal(path, running))

@@ -386,14 +386,48 @@ def load_config(path: str, environ: Mapping[str, str] | None = None) -> Config:
 def read_config(path: str) -> Config:
     """The configuration in the file at `path` as written: secrets named by `_env` or
     `_file` keys are not read yet (`resolve_secrets`)."""
+    return parse_config(_read_text(path), source=path)
+
+
+def _read_text(path: str) -> str:
     try:
         with open(path, encoding="utf-8") as f:
-            text = f.read()
+            return f.read()
     except OSError as e:
         raise ConfigError(f"{path}: cannot read: {e.strerror}") from e
     except UnicodeDecodeError as e:
         raise ConfigError(f"{path}: not UTF-8 text: {e.reason} at byte {e.start}") from e
-    return parse_config(text, source=path)
+
+
+def config_as_written(path: str, running: Config) -> Config:
+    """What the file at `path` says of each top-level key, as far as that key can be read,
+    whatever is wrong elsewhere: a key that is well typed on its own is converted alone (as
+    the whole file would convert it), one the file leaves out takes its default, and one
+    that cannot be read, and the engines, keep `running`'s. Unchecked, secrets unread: a
+    reload refused for the file's problems still names the restart-only keys it changes.
+    `running` itself when the file cannot be read or parsed as a mapping."""
+    try:
+        raw = yaml.safe_load(_read_text(path))
+    except (ConfigError, yaml.YAMLError):
+        return running
+    if not isinstance(raw, dict):
+        return running
+    sections: dict[str, Any] = {}
+    for field in msgspec.structs.fields(Config):
+        name = field.encode_name
+        if name in ("engines", "model") and name not in raw:
+            continue  # required: the file's problems say it is missing
+        if name not in raw:
+            sections[field.name] = (
+                field.default_factory() if field.default is msgspec.NODEFAULT else field.default
+            )
+            continue
+        try:
+            sections[field.name] = msgspec.convert(raw[name], field.type, strict=True)
+        except msgspec.ValidationError:
+            continue
+    sections.pop("engines", None)
+    return msgspec.structs.replace(running, **sections)
 
 
 def parse_config(text: str, *, source: str = "the configuration") -> Config:

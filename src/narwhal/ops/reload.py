@@ -3,7 +3,9 @@
 The file is read and checked off the event loop, as `narwhal serve` reads it at start-up
 (every problem in the file, the secrets it names; the messages `check-config` prints),
 then compared with the running configuration (`config_changes`), and a key that cannot
-change live is a problem too. A reload with any problem changes nothing: the running
+change live is a problem too: a file with other problems is still compared, key by key as
+far as each can be read, so that one refusal names everything to fix (the command line's
+flags apply to it as they do at start-up). A reload with any problem changes nothing: the running
 configuration stays, each problem is logged as one ERROR line, and `POST /admin/reload`
 answers 400 with them. Otherwise the router applies the new configuration
 (`Router.reload`) and one INFO line says what changed. No request is dropped: a stream
@@ -16,10 +18,34 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Iterable
 
-from narwhal.config import Config, ConfigError
+from narwhal.config import Config, ConfigError, config_as_written, load_config
 from narwhal.errors import InvalidRequest
+from narwhal.ops.config_changes import compare
 
 log = logging.getLogger("narwhal.reload")
+
+# The configuration file read again and checked, given the running configuration
+# (blocking; ConfigError with every problem).
+Source = Callable[[Config], Config]
+
+
+def file_source(path: str, flags: Callable[[Config], Config]) -> Source:
+    """The file at `path` as it is now, with the command line's `flags` applied. When the
+    file has problems, the restart-only keys it changes (as far as each can be read) are
+    among them: the refusal names everything a restart or an edit must fix."""
+
+    def source(running: Config) -> Config:
+        try:
+            return flags(load_config(path))
+        except ConfigError as e:
+            try:
+                written = flags(config_as_written(path, running))
+            except ConfigError:  # a flag's value conflicts with what the file says
+                raise e from None
+            restart = compare(running, written).restart
+            raise ConfigError(*e.problems, *restart) from None
+
+    return source
 
 
 class ReloadRefused(InvalidRequest):
@@ -37,13 +63,15 @@ class ReloadRefused(InvalidRequest):
 class ConfigReloader:
     def __init__(
         self,
-        source: Callable[[], Config] | None,
+        source: Source | None,
+        running: Callable[[], Config],
         apply: Callable[[Config], Awaitable[list[str]]],
     ) -> None:
-        """`source()`: the configuration file read and checked (blocking; ConfigError with
-        every problem), None when the router runs without one (the embedded default);
+        """`source(running)`: the configuration file read and checked, None when the router
+        runs without one (the embedded default); `running()`: the configuration served now;
         `apply(config)`: what changed, or ConfigError when it cannot change live."""
         self._source = source
+        self._running = running
         self._apply = apply
         self._lock = asyncio.Lock()
         self._signalled: set[asyncio.Task[None]] = set()
@@ -57,7 +85,7 @@ class ConfigReloader:
                         "narwhal serve runs the embedded default: there is no configuration "
                         "file to re-read (start it with --config FILE)"
                     )
-                config = await asyncio.to_thread(self._source)
+                config = await asyncio.to_thread(self._source, self._running())
                 changes = await self._apply(config)
             except ConfigError as e:
                 for problem in e.problems:
