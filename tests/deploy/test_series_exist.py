@@ -9,6 +9,9 @@ ratios once a window has traffic, `narwhal_prefill_seconds` with `role: prefill`
 and the engines' scraped gauges after a good scrape. So the router here is all of these at
 once: predictive, cache_aware, a prefill and a decode `narwhal sim` (real processes over
 loopback), and it serves a few requests sharing a long prefix before /metrics is read.
+The leader label's series (`narwhal_pod_label_*`, with `ha.kubernetes_label`, which needs
+etcd and a pod) are added from the collectors the label registers in the registry the
+router hands it; `tests/ha/test_pod_label.py` checks their values.
 """
 
 from __future__ import annotations
@@ -20,10 +23,15 @@ import urllib.request
 from collections.abc import Iterable, Iterator
 from contextlib import ExitStack
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
+from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+from narwhal.ha.kubernetes import KubernetesAPI
+from narwhal.ha.pod_label import PodLabel, PodMark
+from narwhal.ops.state import RouterState
 from tests.deploy.deploy_files import (
     Expression,
     LabelValues,
@@ -177,7 +185,18 @@ def exposed() -> Iterator[Exposed]:
             if wanted <= page.series.keys() or time.monotonic() > deadline:
                 break
             time.sleep(0.2)
-        yield page
+        pod_label = read_exposition(generate_latest(pod_label_registry()).decode())
+        page.series.update(pod_label.series)
+        yield Exposed(page.series, page.counter_like | pod_label.counter_like)
+
+
+def pod_label_registry() -> CollectorRegistry:
+    """A registry with what the leader label registers, as `Router._pod_label` builds it
+    (never started: no call reaches the API)."""
+    registry = CollectorRegistry()
+    api = KubernetesAPI("http://127.0.0.1:9", "narwhal", Path("/nonexistent"), None)
+    PodLabel(RouterState(registry), api, "pod", PodMark("narwhal.io/leader", "true"), registry)
+    return registry
 
 
 def test_every_series_the_dashboard_queries_is_on_a_router(exposed: Exposed) -> None:
