@@ -64,7 +64,7 @@ from narwhal.models.profile import (
 from narwhal.ops.state import RouterState
 from narwhal.protocol.tracker import OutputTracker
 from narwhal.scheduler.learning import PlacementLearning
-from narwhal.scheduler.predictive import ProjectingScorer
+from narwhal.scheduler.predictive import PrefillParts, ProjectingScorer
 from narwhal.scheduler.registry import EngineRegistry
 from narwhal.scheduler.scheduler import Scheduler
 from narwhal.sim import model as sim_model
@@ -199,8 +199,11 @@ class ClosedLoop:
                 entry.model = self.book.model(name)
             self.registry.set_ready_predicate(lambda entry: entry.model is not None)
             listener = PlacementLearning(self.book)
-            self.scheduler.scorer = ProjectingScorer(self.book, clock=lambda: self.now)
-            self.check = PredictiveCheck(self.registry, self.book, ttft_budget_s=budget)
+            parts = PrefillParts()  # shared as the router shares them
+            self.scheduler.scorer = ProjectingScorer(self.book, parts=parts, clock=lambda: self.now)
+            self.check = PredictiveCheck(
+                self.registry, self.book, ttft_budget_s=budget, parts=parts
+            )
         admission = Admission(
             self.scheduler,
             max_retained=1 << 20,

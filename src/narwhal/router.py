@@ -74,7 +74,7 @@ from narwhal.profiling.probe_text import ProbeCounter
 from narwhal.profiling.runs import Profiler
 from narwhal.scheduler.learning import PlacementLearning
 from narwhal.scheduler.metrics import EngineStateCollector
-from narwhal.scheduler.predictive import ProjectingScorer, decoding_on
+from narwhal.scheduler.predictive import PrefillParts, ProjectingScorer, decoding_on
 from narwhal.scheduler.prefix_accuracy import AccuracyPolicy
 from narwhal.scheduler.prefix_cache import PrefixCache
 from narwhal.scheduler.prefix_metrics import PrefixCollector
@@ -139,9 +139,10 @@ class Router:
                 entry.model = book.model(name)
             self.registry.set_ready_predicate(_profiled)
             listener = PlacementLearning(book)
+            parts = PrefillParts()  # the check's projections, for the scorer
             if not round_robin:
                 self.scheduler.scorer = ProjectingScorer(
-                    book, tpot_target_s=admission.tpot_target_s, prefix=self.prefix
+                    book, tpot_target_s=admission.tpot_target_s, prefix=self.prefix, parts=parts
                 )
             check = self.check = PredictiveCheck(
                 self.registry,
@@ -151,6 +152,7 @@ class Router:
                 prefix=self.prefix,
                 classes=classes,
                 standing=self.tenants.standing,
+                parts=parts,
             )
             entries = self.registry.entries
             self.metrics.registry.register(

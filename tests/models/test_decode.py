@@ -62,3 +62,28 @@ def test_progress_for_a_request_not_decoding_here_is_ignored() -> None:
     book = DecodeBook(learned(100), refresh_s=0.0)
     book.produced("gone", 10)  # finished before its last batch arrived
     assert len(book) == 0 and book.work(0.0) == 0.0
+
+
+def test_the_kv_held_follows_every_start_report_and_stop() -> None:
+    """The running total equals the KV of the requests decoding, whatever the order of
+    starts (a key started twice included), reports (for keys not here too) and stops."""
+    rng = random.Random(11)
+    book = DecodeBook(learned(50))
+    held: dict[int, tuple[int, int]] = {}  # key: (prompt tokens, produced)
+    for _ in range(3000):
+        key = rng.randrange(40)
+        action = rng.random()
+        if action < 0.4:
+            prompt, produced = rng.randrange(1, 4000), rng.randrange(0, 50)
+            book.start(key, "chat", prompt, None, produced)
+            held[key] = (prompt, produced)
+        elif action < 0.8:
+            produced = rng.randrange(0, 500)
+            book.produced(key, produced)
+            if key in held:
+                held[key] = (held[key][0], produced)
+        else:
+            book.stop(key)
+            held.pop(key, None)
+        assert book.kv_tokens(0.0) == sum(p + o for p, o in held.values())
+    assert len(book) == len(held)

@@ -48,7 +48,7 @@ from narwhal.errors import PromptExceedsTtftBudget, TtftBudgetExceeded
 from narwhal.models.book import ModelBook
 from narwhal.models.rate import DecayingRate
 from narwhal.scheduler.placement import CachedTokens, Phase, PlacementRequest
-from narwhal.scheduler.predictive import prefill_part, uncached_tokens
+from narwhal.scheduler.predictive import PrefillParts, prefill_part, uncached_tokens
 from narwhal.scheduler.registry import EngineEntry, EngineRegistry
 
 # What the check would do: admit, or refuse by one of its two rows; "unmodelled" when no
@@ -91,11 +91,15 @@ class PredictiveCheck:
         prefix: CachedTokens | None = None,
         classes: PriorityClasses | None = None,
         standing: Callable[[str, float], str] | None = None,
+        parts: PrefillParts | None = None,
     ) -> None:
         """`classes`: each class's share of the budget (None: every request has it all);
         `standing(tenant, now)`: the tenant's standing against its fair share of the
-        work lately (`Tenants.standing`), which moves its classes' shares."""
+        work lately (`Tenants.standing`), which moves its classes' shares; `parts`: where
+        each path's prefill part is kept for the scorer placing the same request (the
+        decision core forgets them after each decision)."""
         self._registry = registry
+        self.parts = PrefillParts() if parts is None else parts
         self.classes = classes
         self._standing = standing
         # The last refusal as projected at each rank (`_rank`).
@@ -297,8 +301,11 @@ class PredictiveCheck:
         # alone, shared over the paths.
         waiting = queued * (total / len(modelled)) / len(modelled) if queued else 0.0
         best: Projection | None = None
+        parts = self.parts
         for entry, model, tokens in modelled:
-            raw = prefill_part(entry, model, tokens, now) + decode_part + waiting
+            part = prefill_part(entry, model, tokens, now)
+            parts.keep(request, entry.name, tokens, part)
+            raw = part + decode_part + waiting
             upper = model.upper(raw, now)
             if best is None or upper < best.upper:
                 best = Projection(raw, solo, model.expected(raw), upper)

@@ -232,6 +232,13 @@ class Brain:
     def _check_and_start(
         self, ticket: Ticket, arrived: float, now: float
     ) -> tuple[Answer, Wakeups]:
+        try:
+            return self._decide(ticket, arrived, now)
+        finally:
+            if self.check is not None:
+                self.check.parts.forget()  # projected for this decision only
+
+    def _decide(self, ticket: Ticket, arrived: float, now: float) -> tuple[Answer, Wakeups]:
         request_id = ticket.request_id
         tokens = ticket.request.prompt_tokens
         check = self.check

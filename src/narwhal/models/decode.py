@@ -19,8 +19,8 @@ requests decoding and the remainders recomputed on every start and stop, the boo
 0.4 ms of each check, `scripts/perf/decision.py`). A remainder is computed when its
 request starts and when its output is reported (`produced`, in the gate's batches), and
 all of them again at most every `refresh_s`, so that they follow what the lengths learn
-meanwhile. A read is then O(requests decoding) additions; memory is one entry per
-request decoding there.
+meanwhile. A read is then O(requests decoding) additions (the KV held, read by every projection, is
+a running total: O(1)); memory is one entry per request decoding there.
 """
 
 from __future__ import annotations
@@ -50,6 +50,7 @@ class DecodeBook:
         self._lengths = lengths
         self._refresh_s = refresh_s
         self._decoding: dict[object, _Decoding] = {}
+        self._kv = 0  # the KV tokens of all of them (`kv_tokens`), kept as they change
         self._at = float("-inf")
 
     def __len__(self) -> int:
@@ -67,17 +68,22 @@ class DecodeBook:
     ) -> None:
         decoding = _Decoding(route, prompt_tokens, cap, produced)
         decoding.left = self._left(decoding)
+        self.stop(key)  # a key started again replaces what it held
         self._decoding[key] = decoding
+        self._kv += prompt_tokens + produced
 
     def produced(self, key: object, tokens: int) -> None:
         """The request has produced `tokens` output tokens so far (reported in batches)."""
         decoding = self._decoding.get(key)
         if decoding is not None and decoding.produced != tokens:
+            self._kv += tokens - decoding.produced
             decoding.produced = tokens
             decoding.left = self._left(decoding)
 
     def stop(self, key: object) -> None:
-        self._decoding.pop(key, None)
+        decoding = self._decoding.pop(key, None)
+        if decoding is not None:
+            self._kv -= decoding.prompt_tokens + decoding.produced
 
     def _refresh(self, now: float) -> None:
         """Every remainder again, by what the lengths have learned, at most every
@@ -94,7 +100,7 @@ class DecodeBook:
 
     def kv_tokens(self, now: float) -> float:
         """KV tokens the requests decoding here hold now."""
-        return sum(d.kv for d in self._decoding.values())
+        return float(self._kv)
 
     def tokens_until_freed(self, kv_needed: float, now: float) -> float | None:
         """Decode tokens (of the request that frees the last of it) until requests

@@ -17,6 +17,10 @@ so an engine that would stream slowly is chosen only when it makes up for it in 
 token; an engine whose TTFT would not fit the request's budget costs far more than any
 that would; a drifting engine's cost is scaled up by its drift penalty, and one whose
 TPOT would exceed `admission.tpot_target_s` by the square of its overrun.
+
+`PrefillParts` carries the prefill parts the predictive check projected for a request
+over every path to the scorer placing that request in the same decision, so each engine's
+lane is walked once a decision instead of twice.
 """
 
 from __future__ import annotations
@@ -47,6 +51,36 @@ def prefill_part(entry: EngineEntry, model: EngineModel, prompt_tokens: int, now
     scrape = entry.scrape
     kv_usage = None if scrape is None else scrape.kv_usage
     return model.ttft(prompt_tokens, decoding_on(entry), now, sequences, kv_usage)
+
+
+class PrefillParts:
+    """The prefill parts projected for the request being decided, by engine and tokens.
+    The predictive check projects every path; placement's scorer, placing that request in
+    the same call to the decision core, reads them instead of projecting again (at the
+    check's instant, microseconds earlier, on models nothing has changed since). Valid
+    only within that call: the core forgets them once the decision is made, since a
+    request queued is placed later, on models that have moved."""
+
+    __slots__ = ("_parts", "_request")
+
+    def __init__(self) -> None:
+        self._request: PlacementRequest | None = None
+        self._parts: dict[tuple[str, int], float] = {}
+
+    def keep(self, request: PlacementRequest, engine: str, tokens: int, part: float) -> None:
+        if request is not self._request:
+            self._request = request
+            self._parts = {}
+        self._parts[engine, tokens] = part
+
+    def get(self, request: PlacementRequest, engine: str, tokens: int) -> float | None:
+        if request is not self._request:
+            return None
+        return self._parts.get((engine, tokens))
+
+    def forget(self) -> None:
+        self._request = None
+        self._parts = {}
 
 
 def uncached_tokens(
@@ -84,11 +118,15 @@ class ProjectingScorer:
         *,
         tpot_target_s: float | None = None,
         prefix: CachedTokens | None = None,
+        parts: PrefillParts | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        """`parts`: the check's projections of the request being decided (shared with
+        the `PredictiveCheck`), None to project every placement here."""
         self._book = book
         self.tpot_target_s = tpot_target_s  # a reload may change it
         self._prefix = prefix
+        self._parts = parts
         self._clock = clock
 
     def cost(self, entry: EngineEntry, request: PlacementRequest, phase: Phase) -> float:
@@ -99,7 +137,10 @@ class ProjectingScorer:
         cost = 0.0
         if phase != "decode":
             tokens = uncached_tokens(self._prefix, entry, request)
-            ttft = prefill_part(entry, model, tokens, now)
+            parts = self._parts
+            ttft = None if parts is None else parts.get(request, entry.name, tokens)
+            if ttft is None:
+                ttft = prefill_part(entry, model, tokens, now)
             cost += ttft
             if self._prefix is not None:
                 # The prefill placed here delays every request that queues behind it:
