@@ -35,7 +35,7 @@ rendering, before and after the response started).
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import ClassVar, Literal
+from typing import Any, ClassVar, Literal
 
 import msgspec
 
@@ -97,6 +97,19 @@ class NarwhalError(Exception):
         if self.retry_after is None:
             return {}
         return {"Retry-After": str(self.retry_after)}
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Pickled as what it holds, not as the call that built it: a refusal crosses from
+        the decision process to a relay worker (`narwhal.transport`), and subclasses take
+        other arguments than the message they pass on (`CapacityRejected`'s reason)."""
+        return (_rebuilt, (type(self), self.args, dict(self.__dict__)))
+
+
+def _rebuilt(cls: type[NarwhalError], args: tuple[Any, ...], state: dict[str, Any]) -> Any:
+    error = cls.__new__(cls)
+    error.args = args
+    error.__dict__.update(state)
+    return error
 
 
 class InvalidRequest(NarwhalError):

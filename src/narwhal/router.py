@@ -47,6 +47,7 @@ from narwhal.api.completions import CompletionFront
 from narwhal.api.ops import OpsRoutes
 from narwhal.config import Config, ConfigError, resolve_secrets
 from narwhal.decision.brain import Brain, BrainSettings
+from narwhal.decision.core import InProcessCore
 from narwhal.dispatch import Dispatcher
 from narwhal.dispatch.gate import AdmissionGate
 from narwhal.engines.client import EngineClient
@@ -184,7 +185,8 @@ class Router:
             lengths=None if self.book is None else self.book.lengths,
             admitted=self.tenants.admitted,
         )
-        self.gate = AdmissionGate(self.brain, self.metrics, wait_timeout_s=admission.wait_timeout_s)
+        core = InProcessCore(self.brain)
+        self.gate = AdmissionGate(core, self.metrics, wait_timeout_s=admission.wait_timeout_s)
         for entry in self.registry.entries.values():
             self.gate.watch_engine(entry)
         # At the drain deadline, a request still waiting for a slot is refused like one
@@ -226,7 +228,7 @@ class Router:
         self.dispatcher = Dispatcher(
             config,
             self.metrics,
-            self.brain,
+            core,
             self.gate,
             self.clients,
             self.state,

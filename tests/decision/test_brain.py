@@ -32,7 +32,14 @@ from narwhal.decision.messages import (
     Unplaceable,
     Wakeups,
 )
-from narwhal.errors import PromptExceedsTtftBudget, RouterUnavailable, TtftBudgetExceeded
+from narwhal.errors import (
+    CapacityRejected,
+    NarwhalError,
+    PromptExceedsTtftBudget,
+    RouterUnavailable,
+    TenantQuotaExceeded,
+    TtftBudgetExceeded,
+)
 from tests.closed_loop import DISCIPLINES, ClosedLoop
 
 BUDGET = 0.5
@@ -79,6 +86,29 @@ def test_every_message_is_a_frozen_value_that_crosses_a_process_boundary() -> No
     back = pickle.loads(pickle.dumps(refused))
     assert type(back.error) is TtftBudgetExceeded and back.error.retry_after == 2
     assert back.error.__traceback__ is None
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        CapacityRejected("The queue is full.", reason="queue_full"),
+        TenantQuotaExceeded("Over the quota.", retry_after=7),
+        PromptExceedsTtftBudget("Too long.", param="messages"),
+        RouterUnavailable.not_admitting("fenced"),
+    ],
+    ids=lambda e: type(e).__name__,
+)
+def test_every_refusal_crosses_a_process_as_the_client_would_get_it(error: NarwhalError) -> None:
+    """Refusals go from the decision process to a relay worker pickled: each comes back
+    with the same status, headers and body, whatever arguments its class takes."""
+    back = pickle.loads(pickle.dumps(Refused("r1", error, 10))).error
+    assert type(back) is type(error)
+    assert (back.status, back.headers(), back.body()) == (
+        error.status,
+        error.headers(),
+        error.body(),
+    )
+    assert back.outcome == error.outcome and back.args == error.args
 
 
 def test_an_estimate_that_could_flip_the_check_waits_for_the_count_holding_its_place(

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from narwhal.config import Config
-from narwhal.decision.core import DecisionCore
+from narwhal.decision.core import AsyncDecisionCore
 from narwhal.decision.messages import Offer, OutputSummary, Placed
 from narwhal.dispatch.context_check import EngineCount, check_context
 from narwhal.dispatch.gate import AdmissionGate, NoPlacement
@@ -112,7 +112,7 @@ class Dispatcher:
         self,
         config: Config,
         metrics: RouterMetrics,
-        core: DecisionCore,
+        core: AsyncDecisionCore,
         gate: AdmissionGate,
         clients: Mapping[str, EngineClient],
         state: RouterState,

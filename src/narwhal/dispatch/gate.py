@@ -11,6 +11,12 @@ It also keeps the core told of what requests produce (decode correction), in bat
 output count of every request decoding, at most every `progress_every_s`, sent before the
 next message that could use it. Nothing goes to the core per event.
 
+The core answers a request's own calls awaited (`AsyncDecisionCore`: at once in
+process, a round trip later from a decision process); the wakeups of events come with
+their answer in process, or later through `wake`. A wakeup may then name a request
+whose Queued answer has arrived but whose handler has not parked yet: it is kept for
+that request (`_early`) until it parks or is released.
+
 Times passed to the core come from `clock` (time.monotonic); deadlines are the event
 loop's clock, which is what asyncio's timers use.
 """
@@ -22,7 +28,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Protocol
 
-from narwhal.decision.core import DecisionCore
+from narwhal.decision.core import AsyncDecisionCore
 from narwhal.decision.messages import (
     Answer,
     Counted,
@@ -63,7 +69,7 @@ class Producing(Protocol):
 class AdmissionGate:
     def __init__(
         self,
-        core: DecisionCore,
+        core: AsyncDecisionCore,
         metrics: RouterMetrics,
         *,
         wait_timeout_s: float,
@@ -77,6 +83,8 @@ class AdmissionGate:
         self._progress_every_s = progress_every_s
         self._progress_at = float("-inf")
         self._waiters: dict[str, asyncio.Future[Placed]] = {}
+        # Wakeups that came before their request parked (from another process only).
+        self._early: dict[str, Placed | None] = {}
         self._decoding: dict[str, Producing] = {}
         # Read at scrape time: nothing to update on the hot path.
         metrics.retained.set_function(lambda: core.counts().retained)
@@ -116,12 +124,13 @@ class AdmissionGate:
         and NoPlacement when no engine is left for it. `count()`: the engine's count
         of the prompt, awaited only when the core asks for it; `resized(tokens)`: told
         when the request was decided on another size than offered."""
-        answer, woken = self.core.offer(offer, self._now())
-        self._wake(woken)
+        answer, woken = await self.core.offer(offer, self._now())
+        self.wake(woken)
         if isinstance(answer, NeedsCount):
             tokens = await count()
-            answer, woken = self.core.counted(Counted(offer.request_id, tokens), self._now())
-            self._wake(woken)
+            counted = Counted(offer.request_id, tokens)
+            answer, woken = await self.core.counted(counted, self._now())
+            self.wake(woken)
         if isinstance(answer, Placed | Queued | Refused) and answer.prompt_tokens != (
             offer.prompt_tokens
         ):
@@ -145,8 +154,8 @@ class AdmissionGate:
     ) -> Placed:
         """Place a request whose attempt failed on engine `failed` again, elsewhere; the
         same waits and errors as `placement` (but never a full queue: it was admitted)."""
-        answer, woken = self.core.failed(Failed(request_id, failed, output), self._now())
-        self._wake(woken)
+        answer, woken = await self.core.failed(Failed(request_id, failed, output), self._now())
+        self.wake(woken)
         placed_or_queued = self._placed_or_queued(answer)
         if isinstance(placed_or_queued, Placed):
             return placed_or_queued
@@ -164,6 +173,11 @@ class AdmissionGate:
 
     async def _wait(self, queued: Queued, started: float, deadline: float) -> Placed:
         request_id = queued.request_id
+        if request_id in self._early:
+            early = self._early.pop(request_id)
+            if early is None:
+                raise NoPlacement()
+            return early
         wait_until = started + self.wait_timeout_s
         stage = "admission_wait" if wait_until < deadline else "deadline_before_headers"
         future: asyncio.Future[Placed] = asyncio.get_running_loop().create_future()
@@ -177,7 +191,7 @@ class AdmissionGate:
                 if error is None:
                     return future.result()  # placed in the same instant the wait expired
                 raise error from None
-            self._wake(self.core.finished(Finished(request_id), self._now()))
+            self.wake(self.core.finished(Finished(request_id), self._now()))
             self._metrics.expired.labels(stage).inc()
             raise TerminalExpiry(
                 "The request expired waiting for admission."
@@ -191,19 +205,20 @@ class AdmissionGate:
 
     def prefill_done(self, request_id: str) -> None:
         """A P/D pair's prefill engine answered: its slot there is free."""
-        self._wake(self.core.prefill_done(PrefillDone(request_id), self._now()))
+        self.wake(self.core.prefill_done(PrefillDone(request_id), self._now()))
 
     def first_token(self, request_id: str, output: Producing) -> None:
         """The first output is in hand: the prefill slot becomes a decode slot, and the
         request's output is reported from now on."""
-        self._wake(self.core.first_token(FirstToken(request_id), self._now()))
+        self.wake(self.core.first_token(FirstToken(request_id), self._now()))
         self._decoding[request_id] = output
 
     def release(self, request_id: str, output: OutputSummary | None = None) -> None:
         """The request is over: whatever it holds goes back (idempotent); `output`: what
         its last attempt produced, for learning."""
         self._decoding.pop(request_id, None)
-        self._wake(self.core.finished(Finished(request_id, output), self._now()))
+        self._early.pop(request_id, None)
+        self.wake(self.core.finished(Finished(request_id, output), self._now()))
 
     def refuse_waiting(self, error: Callable[[], Exception]) -> None:
         """Fail every queued request with `error()` (the router stopped admitting); each
@@ -215,17 +230,23 @@ class AdmissionGate:
     def reconsider(self, monitoring_degraded: bool | None = None) -> None:
         """Engines came or went, or limits changed: place or fail the waiting requests
         accordingly (`Reconsider`)."""
-        self._wake(self.core.reconsider(Reconsider(monitoring_degraded), self._now()))
+        self.wake(self.core.reconsider(Reconsider(monitoring_degraded), self._now()))
 
-    def _wake(self, wakeups: Wakeups) -> None:
+    def wake(self, wakeups: Wakeups) -> None:
+        """Resolve the waits `wakeups` names (the core's answer to an event, or a batch
+        pushed from a decision process)."""
         if not wakeups:
             return
         waiters = self._waiters
         for placed in wakeups.placed:
             future = waiters.get(placed.request_id)
-            if future is not None and not future.done():
+            if future is None:
+                self._early[placed.request_id] = placed
+            elif not future.done():
                 future.set_result(placed)
         for request_id in wakeups.unplaceable:
             future = waiters.get(request_id)
-            if future is not None and not future.done():
+            if future is None:
+                self._early[request_id] = None
+            elif not future.done():
                 future.set_exception(NoPlacement())
