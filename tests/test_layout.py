@@ -78,6 +78,9 @@ MAY_IMPORT: dict[str, frozenset[str]] = {
     # The api reaches the decisions only through dispatch (what it hands back: `lease`).
     "api": frozenset({"config", "errors", "lease", "observability", "ops", "protocol", "sizing"}),
     "ha": frozenset({"ops"}),
+    # The core behind a socket: its protocol and messages on either side, never the core
+    # itself (the decision process's composition hands a `DecisionCore` over).
+    "transport": frozenset({"decision", "errors", "protocol"}),
 }
 # Modules a floor may not import although it may import their floor.
 NOT_IMPORTED: dict[str, frozenset[str]] = {
@@ -87,6 +90,7 @@ NOT_IMPORTED: dict[str, frozenset[str]] = {
     # The seam: the core's protocol and messages, never the core itself (`Brain` may run
     # in another process; the composition root hands it over).
     "dispatch": frozenset({"narwhal.decision.brain"}),
+    "transport": frozenset({"narwhal.decision.brain"}),
 }
 # Nothing of I/O in the models: the caller passes `now` and does the I/O.
 MODELS_FORBIDDEN = frozenset(

@@ -9,7 +9,10 @@ decode books and the queue are as busy as a loaded router's), on a fleet of prof
 simulated engines (`tests/closed_loop.py`'s, predictive admission) or with `admission:
 open` (no models). It also prices what a transport between processes would add: each
 message of a request's life encoded and decoded once (pickle, the standard library's; a
-msgspec encoder would cost less).
+msgspec encoder would cost less), and what the real transport costs
+(`narwhal.transport`): request lives through a relay worker's gate over a `RemoteCore`,
+to a `CoreServer` in front of the open core, on a Unix socket, both ends in this process
+on one event loop (their CPU together, per request).
 
     python scripts/perf/decision.py [--requests 20000] [--engines 1,8] [--in-flight 64]
 
@@ -19,6 +22,7 @@ Figures, not assertions: they depend on the machine (README "Current figures").
 from __future__ import annotations
 
 import argparse
+import asyncio
 import pickle
 import random
 import sys
@@ -127,6 +131,79 @@ def transport_cost(requests: int) -> float:
     return time.perf_counter() - started
 
 
+async def _socket_lives(
+    requests: int, concurrency: int, directory: str | None
+) -> tuple[float, float]:
+    """Wall and CPU seconds for `requests` lives through a gate, `concurrency` at once:
+    over the transport in `directory`, or (None) with the core in process."""
+    from narwhal.decision.core import AsyncDecisionCore, InProcessCore
+    from narwhal.dispatch.gate import AdmissionGate
+    from narwhal.observability.metrics import RouterMetrics
+    from narwhal.protocol.dialects import capabilities
+    from narwhal.transport.client import RemoteCore
+    from narwhal.transport.server import CoreServer
+
+    brain = open_brain(1)
+    server = CoreServer(brain, lambda: brain.registry.entries)
+    remote = None
+    core: AsyncDecisionCore = InProcessCore(brain)
+    if directory is not None:
+        path = f"{directory}/core.sock"
+        await server.start(path)
+        remote = RemoteCore(path, lambda engine: capabilities("vllm"))
+        core = remote
+    gate = AdmissionGate(core, RouterMetrics(), wait_timeout_s=30.0)
+    if remote is not None:
+        remote.on_wakeups = gate.wake
+        await remote.start(wait_s=5.0)
+    counter = iter(range(requests))
+
+    async def count() -> int:
+        raise AssertionError("exact offers are never counted")
+
+    async def lives() -> None:
+        for n in counter:
+            rid = f"w{n}"
+            answer = await gate.decide(Offer.exact(rid, "chat", 1000, 256), count, print)
+            placed = await gate.placement(answer, asyncio.get_running_loop().time() + 30)
+            assert placed.decode == "e0"
+            gate.first_token(rid, _Output())
+            gate.release(rid, OutputSummary(64, True, True, 0.02))
+
+    wall, cpu = time.perf_counter(), time.process_time()
+    await asyncio.gather(*(lives() for _ in range(concurrency)))
+    wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+    if remote is not None:
+        await remote.close()
+        await server.close()
+    return wall, cpu
+
+
+class _Output:
+    tokens = 1
+
+
+def socket_cost(requests: int, concurrency: int, remote: bool) -> tuple[float, float]:
+    """Wall and CPU seconds per request life through a gate (uvloop, as the router), over
+    the transport or with the core in process."""
+    import tempfile
+
+    try:
+        import uvloop
+
+        loop_factory = uvloop.new_event_loop
+    except ImportError:  # pragma: no cover
+        loop_factory = asyncio.new_event_loop
+    with (
+        tempfile.TemporaryDirectory() as directory,
+        asyncio.Runner(loop_factory=loop_factory) as runner,
+    ):
+        where = directory if remote else None
+        runner.run(_socket_lives(min(2000, requests), concurrency, where))  # warm
+        wall, cpu = runner.run(_socket_lives(requests, concurrency, where))
+    return wall / requests, cpu / requests
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--requests", type=int, default=20_000)
@@ -151,6 +228,15 @@ def main() -> None:
     print(
         f"\nEncoding and decoding a request's four messages once each (pickle): "
         f"{per_life * 1e6:.1f} µs per request."
+    )
+    _, local = socket_cost(args.requests, args.in_flight, remote=False)
+    wall, cpu = socket_cost(args.requests, args.in_flight, remote=True)
+    print(
+        f"Through a gate, {args.in_flight} lives at a time, the open core: "
+        f"{local * 1e6:.1f} µs of CPU per request in process; over the transport (a "
+        f"RemoteCore, one Unix socket, a CoreServer; both ends on one loop) "
+        f"{cpu * 1e6:.1f} µs ({wall * 1e6:.1f} µs wall): the transport adds "
+        f"{(cpu - local) * 1e6:.1f} µs, shared by a worker and the decision process."
     )
 
 

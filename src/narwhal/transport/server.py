@@ -1,0 +1,236 @@
+"""The decision process's side: a `DecisionCore` served to relay workers on a Unix socket.
+
+Each worker is one connection (a `_Link`). Frames from a worker:
+
+    ("offer", call, Offer) | ("counted", call, Counted) | ("failed", call, Failed)
+        answered ("answer", call, Answer)
+    ("prefill_done", PrefillDone) | ("first_token", FirstToken) | ("finished", Finished)
+    | ("reconsider", Reconsider) | ("progress", Progress)
+        sent without an answer
+
+and to it, besides answers: ("wakeups", Wakeups), the queued requests of that worker
+that an event anywhere placed or found unplaceable, and ("view", FleetView) on change.
+
+The server keeps which worker holds each request (from its offer to its `Finished`), so a
+wakeup goes to the worker whose handler waits for it, and when a worker's connection
+ends (the worker died) every request it held is finished here, once: its retention
+place, slots and queue place go back, and the wakeups that frees go to the others.
+
+Time is this process's monotonic clock, read as each frame is handled (the same clock
+as the workers', on one host).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import time
+from collections.abc import Callable, Iterable
+from typing import Any, Final
+
+from narwhal.decision.core import DecisionCore
+from narwhal.decision.messages import Finished, Wakeups
+from narwhal.transport.frames import FrameError, encode, read_frame
+from narwhal.transport.view import VIEW_EVERY_S, FleetView, view_of
+
+log = logging.getLogger("narwhal.transport")
+
+# A worker that stops reading its frames is cut off past this much unsent to it: it
+# would hold this process's memory without bound, and a worker that cannot read its
+# answers is not serving anyway (its requests are released as for a dead worker).
+MAX_UNSENT_BYTES: Final = 64 * 1024 * 1024
+_CALLS: Final = frozenset({"offer", "counted", "failed"})
+_EVENTS: Final = frozenset({"prefill_done", "first_token", "finished", "reconsider", "progress"})
+
+
+class _Link:
+    __slots__ = ("name", "owned", "writer")
+
+    def __init__(self, name: str, writer: asyncio.StreamWriter) -> None:
+        self.name = name
+        self.writer = writer
+        self.owned: set[str] = set()  # the requests it offered and has not finished
+
+    def send(self, frame: tuple[Any, ...]) -> None:
+        writer = self.writer
+        if writer.is_closing():
+            return
+        writer.write(encode(frame))
+        if writer.transport.get_write_buffer_size() > MAX_UNSENT_BYTES:
+            log.error("relay worker %s reads nothing it is sent: cut off", self.name)
+            writer.transport.abort()
+
+
+class CoreServer:
+    def __init__(
+        self,
+        core: DecisionCore,
+        engines: Callable[[], Iterable[str]],
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        released: Callable[[int], None] | None = None,
+        view_every_s: float = VIEW_EVERY_S,
+    ) -> None:
+        """`engines()`: the fleet's engine names (for the view); `released(n)`: told how
+        many requests a worker held when its connection ended."""
+        self._core = core
+        self._engines = engines
+        self._clock = clock
+        self._released = released
+        self._view_every_s = view_every_s
+        self._links: set[_Link] = set()
+        self._owner: dict[str, _Link] = {}
+        self._view: FleetView | None = None
+        self._server: asyncio.Server | None = None
+        self._viewer: asyncio.Task[None] | None = None
+        self._handlers: set[asyncio.Task[None]] = set()
+        self._serial = 0
+
+    @property
+    def workers(self) -> int:
+        """Workers connected now."""
+        return len(self._links)
+
+    def held(self) -> int:
+        """Requests the workers hold now, across all of them."""
+        return len(self._owner)
+
+    async def start(self, path: str) -> None:
+        """Listen on the Unix socket `path` (a stale socket file there is replaced)."""
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+        self._server = await asyncio.start_unix_server(self._serve, path)
+        os.chmod(path, 0o600)
+        self._viewer = asyncio.create_task(self._push_views(), name="narwhal-core-views")
+
+    async def close(self) -> None:
+        if self._viewer is not None:
+            self._viewer.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._viewer
+        if self._server is not None:
+            self._server.close()
+            await self._server.wait_closed()
+        for link in list(self._links):
+            link.writer.transport.abort()
+        for task in list(self._handlers):
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        if task is not None:
+            self._handlers.add(task)
+        self._serial += 1
+        link = _Link(f"#{self._serial}", writer)
+        self._links.add(link)
+        log.info("relay worker %s connected", link.name)
+        try:
+            link.send(("view", self._current_view()))
+            while True:
+                frame = await read_frame(reader)
+                if frame is None:
+                    break
+                self._handle(link, frame)
+        except (FrameError, ConnectionError) as e:
+            log.error("relay worker %s: the connection failed: %s", link.name, e)
+        except Exception:
+            log.exception("relay worker %s: a frame could not be handled", link.name)
+        finally:
+            self._links.discard(link)
+            self._release(link)
+            writer.transport.abort()
+            if task is not None:
+                self._handlers.discard(task)
+
+    def _handle(self, link: _Link, frame: tuple[Any, ...]) -> None:
+        kind = frame[0]
+        core = self._core
+        now = self._clock()
+        if kind in _CALLS and len(frame) == 3:
+            call, message = frame[1], frame[2]
+            if kind == "offer":
+                self._hold(link, message.request_id)
+                answer, woken = core.offer(message, now)
+            elif kind == "counted":
+                answer, woken = core.counted(message, now)
+            else:
+                answer, woken = core.failed(message, now)
+            link.send(("answer", call, answer))
+            self._route(woken)
+        elif kind in _EVENTS and len(frame) == 2:
+            message = frame[1]
+            if kind == "progress":
+                core.progress(message, now)
+            elif kind == "finished":
+                self._unhold(message.request_id)
+                self._route(core.finished(message, now))
+            elif kind == "first_token":
+                self._route(core.first_token(message, now))
+            elif kind == "prefill_done":
+                self._route(core.prefill_done(message, now))
+            else:
+                self._route(core.reconsider(message, now))
+        else:
+            raise FrameError(f"a frame of an unknown kind or shape: {kind!r}")
+
+    def _hold(self, link: _Link, request_id: str) -> None:
+        owner = self._owner.get(request_id)
+        if owner is not None and owner is not link:
+            # Request ids are unique per worker and carry its prefix: two workers never
+            # offer one id. If they did, the first keeps it.
+            raise FrameError(f"request {request_id} is another worker's")
+        self._owner[request_id] = link
+        link.owned.add(request_id)
+
+    def _unhold(self, request_id: str) -> None:
+        link = self._owner.pop(request_id, None)
+        if link is not None:
+            link.owned.discard(request_id)
+
+    def _route(self, wakeups: Wakeups) -> None:
+        """Each wakeup to the worker whose request it names."""
+        if not wakeups:
+            return
+        owner = self._owner
+        by_link: dict[_Link, tuple[list[Any], list[str]]] = {}
+        for placed in wakeups.placed:
+            link = owner.get(placed.request_id)
+            if link is not None:
+                by_link.setdefault(link, ([], []))[0].append(placed)
+        for request_id in wakeups.unplaceable:
+            link = owner.get(request_id)
+            if link is not None:
+                by_link.setdefault(link, ([], []))[1].append(request_id)
+        for link, (placed_list, unplaceable) in by_link.items():
+            link.send(("wakeups", Wakeups(tuple(placed_list), tuple(unplaceable))))
+
+    def _release(self, link: _Link) -> None:
+        """The worker is gone: everything its requests held goes back, each once."""
+        owned = list(link.owned)
+        for request_id in owned:
+            self._unhold(request_id)
+            self._route(self._core.finished(Finished(request_id), self._clock()))
+        if owned:
+            log.warning(
+                "relay worker %s disconnected holding %d request(s): released",
+                link.name,
+                len(owned),
+            )
+        if self._released is not None:
+            self._released(len(owned))
+
+    def _current_view(self) -> FleetView:
+        view = self._view = view_of(self._core, self._engines)
+        return view
+
+    async def _push_views(self) -> None:
+        while True:
+            await asyncio.sleep(self._view_every_s)
+            before = self._view
+            view = self._current_view()
+            if view != before:
+                for link in list(self._links):
+                    link.send(("view", view))
