@@ -29,6 +29,8 @@ ROOT_MODULES = frozenset(
         "serve",  # `narwhal serve`: process, signals, listeners
         "check_config",  # `narwhal check-config`
         "router",  # the composition root
+        "relay_worker",  # a relay worker's composition root (Step 16)
+        "supervisor",  # relay workers and their decision process, as one router
         "lease",  # what a dispatched request holds and gives back
         "errors",  # the error tree every floor raises
     }
@@ -80,7 +82,7 @@ MAY_IMPORT: dict[str, frozenset[str]] = {
     "ha": frozenset({"ops"}),
     # The core behind a socket: its protocol and messages on either side, never the core
     # itself (the decision process's composition hands a `DecisionCore` over).
-    "transport": frozenset({"decision", "errors", "protocol"}),
+    "transport": frozenset({"decision", "errors", "observability", "protocol"}),
 }
 # Modules a floor may not import although it may import their floor.
 NOT_IMPORTED: dict[str, frozenset[str]] = {

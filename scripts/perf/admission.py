@@ -44,6 +44,7 @@ import argparse
 import contextlib
 import json
 import math
+import os
 import re
 import sys
 import threading
@@ -396,6 +397,31 @@ def drained(engine: Server, timeout_s: float = 180.0) -> None:
     harness.log(f"{engine.name}: still busy after {timeout_s:.0f}s")
 
 
+PIN_ENGINES = [False]  # --pin-engines
+
+
+def _pin_process_group(leader: int, core: int) -> int:
+    """Every process of the engine's session (vLLM's API server and its engine core,
+    their threads) on `core`: an engine host of its own, so that the router and the
+    client never share a core with the engine's HTTP server. How many were pinned."""
+    pinned = 0
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", encoding="ascii") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[3]) != leader:  # the session id (the engine leads its session)
+            continue
+        for thread in os.listdir(f"/proc/{entry}/task"):
+            with contextlib.suppress(OSError):
+                os.sched_setaffinity(int(thread), {core})
+        pinned += 1
+    return pinned
+
+
 @contextlib.contextmanager
 def real_engines(kind: str, count: int, log_dir: Path) -> Iterator[None]:
     """`count` real engines for the whole script, the test tier's tiny model, one core
@@ -422,6 +448,9 @@ def real_engines(kind: str, count: int, log_dir: Path) -> Iterator[None]:
                 )
                 harness.MODEL = str(model)
                 DIALECT[0] = "openai"
+            if PIN_ENGINES[0]:
+                pinned = _pin_process_group(engine.proc.pid, core)
+                harness.log(f"{kind}{core}: {pinned} process(es) pinned to core {core}")
             harness.log(f"{kind}{core}: {engine.url}, /health after {engine.started_s:.0f}s")
             REAL.append(Server(f"{kind}{core}", engine.proc, engine.url, engine.log))
         try:
@@ -905,6 +934,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--json", metavar="OUT")
     parser.add_argument("--plot", metavar="DIR")
     parser.add_argument("--keep-logs", action="store_true")
+    parser.add_argument(
+        "--pin-engines",
+        action="store_true",
+        help="real engines: every process of each engine (vLLM's API server too) on that "
+        "engine's core, as on an engine host of its own",
+    )
     args = parser.parse_args(argv)
     if args.quick:
         args.requests, args.tune_requests, args.capacity_requests = 300, 300, 300
@@ -922,6 +957,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     started = time.monotonic()
     revision = harness.narwhal_revision()
     runs: list[Run] = []
+    PIN_ENGINES[0] = args.pin_engines
     with Processes(keep_logs=args.keep_logs) as procs, contextlib.ExitStack() as stack:
         if args.engine != "sim":
             stack.enter_context(real_engines(args.engine, args.engines, procs.log_dir))

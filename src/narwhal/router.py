@@ -61,7 +61,9 @@ from narwhal.ha.kubernetes import NotInCluster
 from narwhal.ha.leadership import Leadership
 from narwhal.ha.pod_label import PodLabel, PodMark
 from narwhal.models.book import ModelBook
+from narwhal.observability.exposition import Exposition
 from narwhal.observability.loop_monitor import LoopMonitor
+from narwhal.observability.merged import MergedRegistry
 from narwhal.observability.metrics import RouterMetrics
 from narwhal.observability.model_metrics import ModelCollector
 from narwhal.observability.tracing import Tracer, build_tracer
@@ -76,14 +78,14 @@ from narwhal.profiling.runs import Profiler
 from narwhal.scheduler.learning import PlacementLearning
 from narwhal.scheduler.metrics import EngineStateCollector
 from narwhal.scheduler.predictive import PrefillParts, ProjectingScorer, decoding_on
-from narwhal.scheduler.prefix_accuracy import AccuracyPolicy
-from narwhal.scheduler.prefix_cache import PrefixCache
+from narwhal.scheduler.prefix_cache import prefix_cache_for
 from narwhal.scheduler.prefix_metrics import PrefixCollector
 from narwhal.scheduler.registry import EngineEntry, EngineRegistry
 from narwhal.scheduler.report import EngineReport
 from narwhal.scheduler.scheduler import Scheduler
 from narwhal.sizing import EngineTokenizer, TokenizeCandidate, WorkloadSizer, load_sizer
 from narwhal.sizing.metrics import SizingCollector
+from narwhal.transport.server import CoreServer
 
 # How long start-up waits for the first profiles before listening (predictive mode).
 PROFILE_WAIT_S = 10.0
@@ -97,6 +99,7 @@ class Router:
         *,
         source: Source | None = None,
         tracer: Tracer | None = None,
+        core_socket: str | None = None,
     ) -> None:
         """`source(running)`: the configuration file, read and checked again (blocking),
         for a reload; None when there is no file (the embedded default). `tracer`: the spans'
@@ -115,7 +118,7 @@ class Router:
         admission = config.admission
         predictive = admission.mode == "predictive"
         round_robin = config.fleet.policy == "round_robin"
-        self.prefix = _prefix_cache(config)
+        self.prefix = prefix_cache_for(config)
         self.book: ModelBook | None = None
         listener: PlacementListener | None = None
         check: PredictiveCheck | None = None
@@ -253,6 +256,21 @@ class Router:
             self.tenants,
             self.tracer,
         )
+        self.core_socket = core_socket
+        self.core_server: CoreServer | None = None
+        render = None
+        if core_socket is not None:
+            merged = MergedRegistry(self.metrics.registry)
+            entries = self.registry.entries
+            core_server = self.core_server = CoreServer(
+                self.brain, lambda: list(entries), merged=merged
+            )
+            exposition = Exposition(merged)
+
+            async def render() -> bytes:
+                await core_server.scrape()
+                return exposition.render()
+
         ops = OpsRoutes(
             config.model,
             self.metrics,
@@ -260,6 +278,7 @@ class Router:
             self.state,
             api_keys,
             context_len=self.registry.max_model_len,
+            render=render,
         )
         self.app: web.Application = build_app(
             front,
@@ -278,6 +297,8 @@ class Router:
             tenants=self.tenants_report,
         )
         self.admin.add_to(self.app)
+        if self.core_server is not None:
+            self.app.router.add_get("/_narwhal/workers", self._workers_connected)
         self.profiler: Profiler | None = None
         if self.book is not None:
             self.profiler = Profiler(
@@ -356,7 +377,15 @@ class Router:
             await self.profiler.start(PROFILE_WAIT_S)
         if self.leadership is not None:
             await self.leadership.start()
+        if self.core_server is not None and self.core_socket is not None:
+            await self.core_server.start(self.core_socket)  # the workers may connect now
         self._started = True
+
+    async def _workers_connected(self, request: web.Request) -> web.Response:
+        """For the supervisor (on the decision process's own socket only): how many relay
+        workers are connected, so it announces the router once all of them are."""
+        assert self.core_server is not None
+        return web.json_response({"connected": self.core_server.workers})
 
     async def stop_admitting(self) -> None:
         """SIGTERM: refuse new work at once (the requests queued too) and hand leadership
@@ -429,6 +458,8 @@ class Router:
             log.warning("reload: could not read the drains from etcd (next renewal will): %s", e)
 
     async def _on_cleanup(self, app: web.Application) -> None:
+        if self.core_server is not None:
+            await self.core_server.close()
         await self.loop_monitor.close()
         await self.membership.close()
         if self.pod_label is not None:
@@ -483,18 +514,3 @@ class Router:
 
 def _profiled(entry: EngineEntry) -> bool:
     return entry.model is not None and entry.model.profiled
-
-
-def _prefix_cache(config: Config) -> PrefixCache | None:
-    """The engines' prefix indexes, for `fleet.policy: cache_aware` only."""
-    if config.fleet.policy != "cache_aware":
-        return None
-    settings = config.fleet.prefix_index
-    return PrefixCache(
-        [e.name for e in config.engines],
-        block_chars=settings.block_chars,
-        max_blocks=settings.max_blocks,
-        accuracy=AccuracyPolicy(
-            threshold=settings.drift_threshold, forget_after_s=settings.forget_after_s
-        ),
-    )

@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import signal
 import socket
 import ssl
@@ -45,7 +46,9 @@ from narwhal.config import (
 from narwhal.observability.logs import announcement, configure_logging
 from narwhal.ops.reload import Source, file_source
 from narwhal.ops.shutdown import Shutdown
+from narwhal.relay_worker import RelayWorker
 from narwhal.router import Router
+from narwhal.supervisor import admin_socket_in, core_socket_in, run_supervisor
 
 log = logging.getLogger("narwhal")
 EMBEDDED_MODEL = "narwhal-sim"
@@ -71,6 +74,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="no access line per completion request (logging.access_log: false)",
     )
+    # One process of a router with relay workers (serving.workers above 1), as the
+    # supervisor starts it: not for the command line.
+    parser.add_argument("--role", choices=["decision", "worker"], help=argparse.SUPPRESS)
+    parser.add_argument("--runtime-dir", help=argparse.SUPPRESS)
     parser.add_argument(
         "--otlp-endpoint",
         metavar="URL",
@@ -101,7 +108,11 @@ def run(args: argparse.Namespace) -> int:
             run_event_loop(lambda: serve_embedded(with_flags))
         else:
             source = file_source(args.config, with_flags)
-            run_event_loop(lambda: serve_forever(config, source))
+            if args.role is None and config.serving.workers > 1:
+                return run_supervisor(args, config)
+            run_event_loop(
+                lambda: serve_forever(config, source, role=args.role, runtime_dir=args.runtime_dir)
+            )
     except ConfigError as e:
         for problem in e.problems:
             line = announcement(f"error: {problem}", log_format, level=logging.ERROR)
@@ -182,32 +193,57 @@ def run_event_loop(main: Callable[[], Coroutine[Any, Any, None]]) -> None:
         runner.run(main())
 
 
-async def serve_forever(config: Config, source: Source | None = None) -> None:
-    """Serve until SIGTERM or SIGINT; `source` reads the configuration again (SIGHUP)."""
+async def serve_forever(
+    config: Config,
+    source: Source | None = None,
+    *,
+    role: str | None = None,
+    runtime_dir: str | None = None,
+) -> None:
+    """Serve until SIGTERM or SIGINT; `source` reads the configuration again (SIGHUP).
+    `role`: one process of a router with relay workers (`narwhal.supervisor`), whose
+    sockets are in `runtime_dir`: the `decision` process, or a `worker`."""
     serving = config.serving
     tls = server_tls_context(serving)
-    sockets = bind_sockets(serving.host, serving.port)
+    if role == "decision":
+        assert runtime_dir is not None
+        router = Router(config, source=source, core_socket=core_socket_in(runtime_dir))
+        await _serve(router, config, unix_site=admin_socket_in(runtime_dir), announce=False)
+        return
+    sockets = bind_sockets(serving.host, serving.port, reuse_port=role == "worker")
     try:
-        await _serve_on(config, source, sockets, tls)
+        if role == "worker":
+            assert runtime_dir is not None
+            worker = RelayWorker(config, core_socket_in(runtime_dir), admin_socket_in(runtime_dir))
+            await _serve(worker, config, sockets=sockets, tls=tls, announce=False)
+        else:
+            await _serve(Router(config, source=source), config, sockets=sockets, tls=tls)
     finally:
         for sock in sockets:
             sock.close()  # those a site took are closed already; this is for the rest
 
 
-async def _serve_on(
+async def _serve(
+    owner: Router | RelayWorker,
     config: Config,
-    source: Source | None,
-    sockets: list[socket.socket],
-    tls: ssl.SSLContext | None,
+    *,
+    sockets: list[socket.socket] = (),  # type: ignore[assignment]
+    tls: ssl.SSLContext | None = None,
+    unix_site: str | None = None,
+    announce: bool = True,
 ) -> None:
-    router = Router(config, source=source)
+    """Run `owner`'s application on `sockets` (or on the Unix socket `unix_site`: the
+    decision process's, which only its relay workers reach) until the shutdown's end."""
     loop = asyncio.get_running_loop()
-    # From the start: SIGHUP's default action would end the process while it starts.
-    loop.add_signal_handler(signal.SIGHUP, router.reloader.signalled)
+    # From the start: SIGHUP's default action would end the process while it starts. A
+    # relay worker has nothing to reload: the decision process reloads for the router.
+    loop.add_signal_handler(
+        signal.SIGHUP, owner.reloader.signalled if isinstance(owner, Router) else _ignored
+    )
     # handler_cancellation: a client that disconnects cancels its handler at once, so the
     # upstream request is cancelled too instead of running on for nobody.
     runner = ClientRunner(
-        router.app,
+        owner.app,
         head_timeout=head_timeout_s(config.serving),
         handler_cancellation=True,
         access_log=None,
@@ -215,34 +251,35 @@ async def _serve_on(
     )
     try:
         await runner.setup()
+        if unix_site is not None:
+            await web.UnixSite(runner, unix_site).start()
+            os.chmod(unix_site, 0o600)
         for sock in sockets:
             site = web.SockSite(runner, sock, ssl_context=tls, backlog=4096)
             try:
                 await site.start()
             except OSError as e:
                 raise listen_failure(config.serving.host, config.serving.port, e) from None
-        port = _bound_port(runner)
         log.info(
             "serving model %s with %d engine(s): %s",
             config.model,
             len(config.engines),
             ", ".join(f"{e.name} ({e.role}, {e.dialect}) {e.url}" for e in config.engines),
         )
-        scheme = "http" if tls is None else "https"
-        host = config.serving.host
-        shown = f"[{host}]" if ":" in host else host
-        url = f"{scheme}://{shown}:{port}"
-        listening = announcement(f"narwhal listening on {url}", config.logging.format, url=url)
-        print(listening, flush=True)
-
-        router.reloaded.append(lambda new: runner.set_head_timeout(head_timeout_s(new.serving)))
-        shutdown = Shutdown(router, runner)
+        if announce:
+            url = listening_url(config.serving, _bound_port(runner), tls is not None)
+            listening = announcement(f"narwhal listening on {url}", config.logging.format, url=url)
+            print(listening, flush=True)
+        if isinstance(owner, Router):
+            owner.reloaded.append(lambda new: runner.set_head_timeout(head_timeout_s(new.serving)))
+        shutdown = Shutdown(owner, runner)
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, shutdown.signal)
         await shutdown.requested()
         await shutdown.hold_listener()
         shutdown.start_draining()
-        print(announcement("narwhal draining", config.logging.format), flush=True)
+        if announce:
+            print(announcement("narwhal draining", config.logging.format), flush=True)
     finally:
         # Closes the listener, waits for the requests in flight (until the drain deadline
         # has ended them), then the engine clients and probes close. Also after a failed
@@ -250,6 +287,17 @@ async def _serve_on(
         await runner.cleanup()
         loop.remove_signal_handler(signal.SIGHUP)
     await shutdown.finished()
+
+
+def listening_url(serving: ServingConfig, port: int, tls: bool) -> str:
+    scheme = "https" if tls else "http"
+    host = serving.host
+    shown = f"[{host}]" if ":" in host else host
+    return f"{scheme}://{shown}:{port}"
+
+
+def _ignored() -> None:
+    log.info("SIGHUP: a relay worker has nothing to reload (the decision process reloads)")
 
 
 def _bound_port(runner: web.AppRunner) -> int:

@@ -680,10 +680,9 @@ def test_one_key_for_two_tenants_is_refused_once_the_secrets_are_read() -> None:
     assert resolved.client_keys == (("sk-a", "a"), ("sk-b", "b"), ("sk-same", "default"))
 
 
-def test_serving_workers_is_read_and_more_than_one_is_refused_by_name() -> None:
-    """`serving.workers` (DESIGN.md, Step 16) is a known key; until relay workers are
-    built, a value above 1 is refused rather than served by one process."""
+def test_serving_workers_is_read_and_must_be_positive() -> None:
+    """`serving.workers` (DESIGN.md, Step 16): relay worker processes, 1 by default."""
     assert parse_config(MINIMAL).serving.workers == 1
-    assert parse_config(MINIMAL + "serving: {workers: 1}\n").serving.workers == 1
-    with pytest.raises(ConfigError, match=r"serving\.workers.*not built yet"):
-        parse_config(MINIMAL + "serving: {workers: 2}\n")
+    assert parse_config(MINIMAL + "serving: {workers: 4}\n").serving.workers == 4
+    with pytest.raises(ConfigError, match=r"serving\.workers"):
+        parse_config(MINIMAL + "serving: {workers: 0}\n")

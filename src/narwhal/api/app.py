@@ -90,9 +90,12 @@ def build_app(
     max_request_bytes: Callable[[], int],
     api_keys: BearerTokens,
     closing: Callable[[], bool] = lambda: False,
+    decision: Handler | None = None,
 ) -> web.Application:
     """`max_request_bytes()`: the body limit as configured now; `closing()`: whether the
-    router is shutting down."""
+    router is shutting down; `decision`: in a relay worker, the handler that passes
+    `/ready`, `/metrics` and `/admin/*` on to the decision process, which answers them
+    for the whole router."""
     # Bodies are read by the completion front under serving.max_request_bytes; aiohttp's own
     # limit applies only to request.read() (the admin routes' small bodies), and is the same
     # one, so that every 413 names the limit that refused it.
@@ -114,6 +117,11 @@ def build_app(
     # not exist is the handler's 404 model_not_found, not the router's bare 404.
     app.router.add_get(r"/v1/models/{model:[\s\S]+}", ops.model)
     app.router.add_get("/health", ops.health)
+    if decision is not None:
+        app.router.add_get("/ready", decision)
+        app.router.add_get("/metrics", decision)
+        app.router.add_route("*", "/admin/{tail:.*}", decision)
+        return app
     app.router.add_get("/ready", ops.ready)
     app.router.add_get("/metrics", ops.metrics)
     return app

@@ -118,6 +118,7 @@ class CompletionFront:
         arrived = time.monotonic()
         request_id = current_request_id.get()
         metrics.offered.inc()
+        metrics.offered_count += 1
         outcome: Outcome = "client_gone"
         sized = False
         relaying = False  # a stream response may have started

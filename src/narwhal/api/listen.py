@@ -25,8 +25,10 @@ class CannotListen(Exception):
         super().__init__(f"cannot listen on {shown}:{port}: {reason}")
 
 
-def bind_sockets(host: str, port: int) -> list[socket.socket]:
-    """Bound TCP sockets for every address of `host` (port 0: a free port each)."""
+def bind_sockets(host: str, port: int, *, reuse_port: bool = False) -> list[socket.socket]:
+    """Bound TCP sockets for every address of `host` (port 0: a free port each).
+    `reuse_port`: shared with the other processes that bind it so (SO_REUSEPORT: relay
+    workers, each with its own accept queue, the kernel spreading connections)."""
     try:
         infos = socket.getaddrinfo(
             host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
@@ -43,6 +45,8 @@ def bind_sockets(host: str, port: int) -> list[socket.socket]:
             sock = socket.socket(family, kind, proto)
             bound.append(sock)
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if reuse_port:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
             if family == socket.AF_INET6:
                 sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
             sock.bind(address)

@@ -11,7 +11,7 @@ serves (clients size their prompts by it).
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
@@ -34,7 +34,11 @@ class OpsRoutes:
         state: RouterState,
         api_keys: BearerTokens,
         context_len: Callable[[], int | None] = lambda: None,
+        render: Callable[[], Awaitable[bytes]] | None = None,
     ) -> None:
+        """`render()`: the `/metrics` page, where it is more than this process's registry
+        (the decision process's, merged with its relay workers')."""
+        self._render = render
         self._api_keys = api_keys
         self._context_len = context_len
         self._model = model
@@ -53,7 +57,9 @@ class OpsRoutes:
         return json_response({"ready": True, "role": "active", "revision": self._state.revision})
 
     async def metrics(self, request: web.Request) -> web.Response:
-        response = web.Response(body=self._metrics.render())
+        render = self._render
+        body = self._metrics.render() if render is None else await render()
+        response = web.Response(body=body)
         response.headers["Content-Type"] = CONTENT_TYPE_LATEST
         return response
 

@@ -97,9 +97,9 @@ class ServingConfig(Struct, frozen=True, forbid_unknown_fields=True, kw_only=Tru
     # refused; then how long admitted requests may run on before the router ends them.
     shutdown_delay_s: NonNegativeSeconds = 5.0
     drain_timeout_s: PositiveSeconds = 30.0
-    # Relay worker processes under one decision process (Step 16). Only 1 is built: the
-    # key exists so that configurations written for it are read, and a larger value is
-    # refused by name rather than served by one process as if it were several.
+    # Relay worker processes under one decision process (Step 16, `narwhal.supervisor`):
+    # above 1, N processes share the client port and do the per-byte work, and one
+    # decision process decides for all of them.
     workers: PositiveInt = 1
 
 

@@ -55,14 +55,6 @@ def _check_serving(serving: ServingConfig) -> list[Problem]:
         problems.append(Problem((*path, "tls_key"), "required with serving.tls_cert (HTTPS)"))
     if serving.tls_key is not None and serving.tls_cert is None:
         problems.append(Problem((*path, "tls_cert"), "required with serving.tls_key (HTTPS)"))
-    if serving.workers > 1:
-        problems.append(
-            Problem(
-                (*path, "workers"),
-                f"{serving.workers} relay workers are not built yet: this version runs one "
-                "process (set 1, or leave it out)",
-            )
-        )
     return problems
 
 

@@ -16,8 +16,18 @@ registers has a legacy-valid name (prometheus_client refuses others at registrat
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry
+from collections.abc import Iterable
+from typing import Protocol
+
+from prometheus_client.metrics_core import Metric
 from prometheus_client.utils import floatToGoString
+
+
+class Collected(Protocol):
+    """A registry, or anything that collects like one (`merged.MergedRegistry`)."""
+
+    def collect(self) -> Iterable[Metric]: ...
+
 
 # OpenMetrics-only samples that the text format moves into gauges after their family.
 _OPENMETRICS_SUFFIXES = ("_created", "_gsum", "_gcount")
@@ -38,7 +48,7 @@ def _escape_help(text: str) -> str:
 class Exposition:
     """Renders one registry; keeps what it learnt about its series between scrapes."""
 
-    def __init__(self, registry: CollectorRegistry) -> None:
+    def __init__(self, registry: Collected) -> None:
         self._registry = registry
         self._prefixes: dict[tuple[str, tuple[tuple[str, str], ...]], str] = {}
 

@@ -271,6 +271,8 @@ class RouterMetrics:
             self.expired.labels(stage)
         # Resolved once: label lookups take a lock and a dict probe on every call.
         self._outcome_children = {o: self.outcomes.labels(o) for o in OUTCOMES}
+        self.offered_count = 0  # as narwhal_offered_total, without a collection
+        self.ended = 0  # as the sum of narwhal_outcomes_total
         self._engine_series: dict[str, EngineSeries] = {}
         self._prefill_series: dict[str, Histogram] = {}
         self._request_series = {
@@ -319,6 +321,13 @@ class RouterMetrics:
 
     def count_outcome(self, outcome: Outcome) -> None:
         self._outcome_children[outcome].inc()
+        self.ended += 1
+
+    @property
+    def counted(self) -> tuple[int, int]:
+        """Requests offered and ended so far, cheaply (a relay worker sends its metrics
+        when these move)."""
+        return self.offered_count, self.ended
 
     def class_series(self, classes: Iterable[str], tenants: Iterable[str]) -> None:
         """Every class and tenant's series from the start (and each reload's new ones):

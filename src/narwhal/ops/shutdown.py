@@ -28,12 +28,23 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from typing import Final
+from typing import Final, Protocol
 
 from narwhal.api.server import ClientRunner
-from narwhal.observability.metrics import OUTCOMES
-from narwhal.ops.drain import LAST_WRITE_GRACE_S
-from narwhal.router import Router
+from narwhal.config import Config
+from narwhal.observability.metrics import OUTCOMES, RouterMetrics
+from narwhal.ops.drain import LAST_WRITE_GRACE_S, Drain
+
+
+class Router(Protocol):
+    """What shuts down: a router, its decision process or one of its relay workers."""
+
+    config: Config
+    drain: Drain
+    metrics: RouterMetrics
+
+    async def stop_admitting(self) -> None: ...
+
 
 log = logging.getLogger("narwhal.shutdown")
 # After the drain deadline, how long aiohttp waits for handlers before it cancels them:

@@ -31,6 +31,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final
 
+from narwhal.config import Config
 from narwhal.fleet.scrape import EngineScrape
 from narwhal.protocol.requests import CompletionRequest
 from narwhal.scheduler.placement import PlacementRequest
@@ -191,3 +192,18 @@ class PrefixCache:
 def _ratio(blocks: PromptBlocks, prompt_tokens: int) -> float:
     """The request's own characters a token: follows its language and form."""
     return blocks.chars / prompt_tokens if prompt_tokens > 0 else _FIRST_CHARS_PER_TOKEN
+
+
+def prefix_cache_for(config: Config) -> PrefixCache | None:
+    """The engines' prefix indexes, for `fleet.policy: cache_aware` only."""
+    if config.fleet.policy != "cache_aware":
+        return None
+    settings = config.fleet.prefix_index
+    return PrefixCache(
+        [e.name for e in config.engines],
+        block_chars=settings.block_chars,
+        max_blocks=settings.max_blocks,
+        accuracy=AccuracyPolicy(
+            threshold=settings.drift_threshold, forget_after_s=settings.forget_after_s
+        ),
+    )

@@ -39,6 +39,7 @@ from narwhal.decision.messages import (
     Wakeups,
 )
 from narwhal.errors import RouterUnavailable
+from narwhal.observability.merged import Family
 from narwhal.protocol.dialects import DialectCapabilities
 from narwhal.transport.frames import FrameError, encode, read_frame
 from narwhal.transport.view import FleetView
@@ -46,6 +47,7 @@ from narwhal.transport.view import FleetView
 log = logging.getLogger("narwhal.transport")
 
 UNREACHABLE: Final = "decision_unreachable"
+PUSH_EVERY_S: Final = 0.1
 # A call unanswered this long means the decision process is stuck: the request is told
 # 503 rather than held (the decision process answers in microseconds).
 CALL_TIMEOUT_S: Final = 5.0
@@ -74,6 +76,14 @@ class RemoteCore:
         self._connected = asyncio.Event()
         self.on_wakeups: Callable[[Wakeups], None] = lambda wakeups: None
         self.on_lost: Callable[[], None] = lambda: None
+        # Told the view's readiness each time it changes (None: admitting).
+        self.on_readiness: Callable[[str | None], None] = lambda reason: None
+        # This worker's metrics as plain values, sent when the decision process asks, and
+        # every PUSH_EVERY_S when `tally()` (what it has counted: requests offered and
+        # ended) moved, so that a worker killed outright leaves at most that much uncounted.
+        self.families: Callable[[], tuple[Family, ...]] = tuple
+        self.tally: Callable[[], object] = lambda: None
+        self._pushed: object = None
 
     async def start(self, wait_s: float | None = None) -> None:
         """Connect (and keep reconnecting) in the background; with `wait_s`, wait up to
@@ -109,11 +119,14 @@ class RemoteCore:
                 failures += 1
                 continue
             self._writer = writer
+            self._pushed = None
+            pusher = asyncio.create_task(self._push_counts(), name="narwhal-push-counts")
             try:
                 await self._read(reader)
             except (FrameError, ConnectionError) as e:
                 log.error("the link to the decision process failed: %s", e)
             finally:
+                pusher.cancel()
                 writer.transport.abort()
                 self._lost()
             failures = 0
@@ -131,13 +144,30 @@ class RemoteCore:
                     call[0].set_result(frame[2])
             elif kind == "wakeups" and len(frame) == 2:
                 self.on_wakeups(frame[1])
+            elif kind == "scrape" and len(frame) == 2:
+                self._send(("families", frame[1], self.families()))
             elif kind == "view" and len(frame) == 2:
-                if self._view is None:
+                before = self._view
+                if before is None:
                     log.info("connected to the decision process at %s", self._path)
-                self._view = frame[1]
+                view = self._view = frame[1]
                 self._connected.set()
+                if before is None or before.readiness != view.readiness:
+                    self.on_readiness(view.readiness)
             else:
                 raise FrameError(f"a frame of an unknown kind or shape: {kind!r}")
+
+    async def _push_counts(self) -> None:
+        while True:
+            await asyncio.sleep(PUSH_EVERY_S)
+            self.push_counts()
+
+    def push_counts(self) -> None:
+        """Send this worker's metrics now if what it counted moved since the last time (a
+        worker shutting down sends them last)."""
+        tally = self.tally()
+        if tally != self._pushed and self._send(("families", 0, self.families())):
+            self._pushed = tally
 
     def _lost(self) -> None:
         was_connected = self._view is not None

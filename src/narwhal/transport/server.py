@@ -9,7 +9,10 @@ Each worker is one connection (a `_Link`). Frames from a worker:
         sent without an answer
 
 and to it, besides answers: ("wakeups", Wakeups), the queued requests of that worker
-that an event anywhere placed or found unplaceable, and ("view", FleetView) on change.
+that an event anywhere placed or found unplaceable, ("view", FleetView) on change, and
+("scrape", n), which the worker answers ("families", n, its metrics as plain values),
+before each scrape of the merged `/metrics` and every `SCRAPE_EVERY_S`
+(`narwhal.observability.merged`: a worker that dies has its last families kept).
 
 The server keeps which worker holds each request (from its offer to its `Finished`), so a
 wakeup goes to the worker whose handler waits for it, and when a worker's connection
@@ -32,6 +35,7 @@ from typing import Any, Final
 
 from narwhal.decision.core import DecisionCore
 from narwhal.decision.messages import Finished, Wakeups
+from narwhal.observability.merged import MergedRegistry
 from narwhal.transport.frames import FrameError, encode, read_frame
 from narwhal.transport.view import VIEW_EVERY_S, FleetView, view_of
 
@@ -41,17 +45,20 @@ log = logging.getLogger("narwhal.transport")
 # would hold this process's memory without bound, and a worker that cannot read its
 # answers is not serving anyway (its requests are released as for a dead worker).
 MAX_UNSENT_BYTES: Final = 64 * 1024 * 1024
+SCRAPE_EVERY_S: Final = 1.0
+SCRAPE_TIMEOUT_S: Final = 1.0
 _CALLS: Final = frozenset({"offer", "counted", "failed"})
 _EVENTS: Final = frozenset({"prefill_done", "first_token", "finished", "reconsider", "progress"})
 
 
 class _Link:
-    __slots__ = ("name", "owned", "writer")
+    __slots__ = ("name", "owned", "scraped", "writer")
 
     def __init__(self, name: str, writer: asyncio.StreamWriter) -> None:
         self.name = name
         self.writer = writer
         self.owned: set[str] = set()  # the requests it offered and has not finished
+        self.scraped: dict[int, asyncio.Future[None]] = {}  # scrapes it has not answered
 
     def send(self, frame: tuple[Any, ...]) -> None:
         writer = self.writer
@@ -71,10 +78,15 @@ class CoreServer:
         *,
         clock: Callable[[], float] = time.monotonic,
         released: Callable[[int], None] | None = None,
+        merged: MergedRegistry | None = None,
         view_every_s: float = VIEW_EVERY_S,
     ) -> None:
         """`engines()`: the fleet's engine names (for the view); `released(n)`: told how
-        many requests a worker held when its connection ended."""
+        many requests a worker held when its connection ended; `merged`: where the
+        workers' metrics go (None: they are not asked for them)."""
+        self._merged = merged
+        self._scrapes = 0
+        self._scraper: asyncio.Task[None] | None = None
         self._core = core
         self._engines = engines
         self._clock = clock
@@ -104,12 +116,36 @@ class CoreServer:
         self._server = await asyncio.start_unix_server(self._serve, path)
         os.chmod(path, 0o600)
         self._viewer = asyncio.create_task(self._push_views(), name="narwhal-core-views")
+        if self._merged is not None:
+            self._scraper = asyncio.create_task(self._scrape_often(), name="narwhal-scrapes")
+
+    async def scrape(self, timeout_s: float = SCRAPE_TIMEOUT_S) -> None:
+        """Ask every worker for its metrics and wait (at most `timeout_s`) for them."""
+        self._scrapes += 1
+        number = self._scrapes
+        loop = asyncio.get_running_loop()
+        waits = []
+        for link in list(self._links):
+            future: asyncio.Future[None] = loop.create_future()
+            link.scraped[number] = future
+            link.send(("scrape", number))
+            waits.append(future)
+        if waits:
+            await asyncio.wait(waits, timeout=timeout_s)
+        for link in self._links:
+            link.scraped.pop(number, None)
+
+    async def _scrape_often(self) -> None:
+        while True:
+            await asyncio.sleep(SCRAPE_EVERY_S)
+            await self.scrape()
 
     async def close(self) -> None:
-        if self._viewer is not None:
-            self._viewer.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._viewer
+        for task in (self._viewer, self._scraper):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
         if self._server is not None:
             self._server.close()
             await self._server.wait_closed()
@@ -160,6 +196,12 @@ class CoreServer:
                 answer, woken = core.failed(message, now)
             link.send(("answer", call, answer))
             self._route(woken)
+        elif kind == "families" and len(frame) == 3:
+            if self._merged is not None:
+                self._merged.update(link.name, frame[2])
+            waiting = link.scraped.pop(frame[1], None)
+            if waiting is not None and not waiting.done():
+                waiting.set_result(None)
         elif kind in _EVENTS and len(frame) == 2:
             message = frame[1]
             if kind == "progress":
@@ -208,7 +250,10 @@ class CoreServer:
             link.send(("wakeups", Wakeups(tuple(placed_list), tuple(unplaceable))))
 
     def _release(self, link: _Link) -> None:
-        """The worker is gone: everything its requests held goes back, each once."""
+        """The worker is gone: everything its requests held goes back, each once, and
+        what it counted stays counted."""
+        if self._merged is not None:
+            self._merged.retire(link.name)
         owned = list(link.owned)
         for request_id in owned:
             self._unhold(request_id)
