@@ -13,6 +13,12 @@ decision process's (the view's readiness), and when that says it stopped (fenced
 standby, shutting down) the requests this worker has queued get its 503, as a single
 router's do.
 
+A reload (SIGHUP, which the supervisor passes to every process, or the decision process's
+fleet naming an engine this worker does not know, after `POST /admin/reload`) re-reads
+the file here too: limits, budgets and tokens take their new values, and an engine added
+or replaced gets its connection before the decision process, which profiles it first,
+places on it. An engine removed keeps its connection for the requests still on it.
+
 Not shared across workers yet: tenants' request and token quotas are counted per worker,
 so each worker allows a tenant its whole quota.
 """
@@ -20,6 +26,7 @@ so each worker allows a tenant its whole quota.
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import time
 
@@ -32,7 +39,7 @@ from narwhal.api.auth import BearerTokens
 from narwhal.api.completions import CompletionFront
 from narwhal.api.decision_proxy import DecisionProxy
 from narwhal.api.ops import OpsRoutes
-from narwhal.config import Config, EngineConfig, resolve_secrets
+from narwhal.config import Config, ConfigError, EngineConfig, resolve_secrets
 from narwhal.dispatch import Dispatcher
 from narwhal.dispatch.gate import AdmissionGate
 from narwhal.engines.client import EngineClient
@@ -43,13 +50,17 @@ from narwhal.observability.loop_monitor import LoopMonitor
 from narwhal.observability.merged import families_of
 from narwhal.observability.metrics import RouterMetrics
 from narwhal.observability.tracing import Tracer, build_tracer
+from narwhal.ops.config_changes import compare
 from narwhal.ops.drain import Drain
+from narwhal.ops.reload import Source
 from narwhal.ops.state import RouterState
 from narwhal.protocol.dialects import capabilities
 from narwhal.scheduler.prefix_cache import prefix_cache_for
 from narwhal.sizing import EngineTokenizer, TokenizeCandidate, WorkloadSizer, load_sizer
 from narwhal.sizing.metrics import SizingCollector
 from narwhal.transport.client import UNREACHABLE, RemoteCore
+
+log = logging.getLogger("narwhal.worker")
 
 # How long start-up waits for the decision process before the worker listens anyway
 # (refusing with 503 until it is reached).
@@ -58,8 +69,17 @@ CONNECT_WAIT_S = 30.0
 
 class RelayWorker:
     def __init__(
-        self, config: Config, core_socket: str, admin_socket: str, tracer: Tracer | None = None
+        self,
+        config: Config,
+        core_socket: str,
+        admin_socket: str,
+        *,
+        source: Source | None = None,
+        tracer: Tracer | None = None,
     ) -> None:
+        """`source(running)`: the configuration file read again, for a reload."""
+        self._source = source
+        self._reloading: set[asyncio.Task[None]] = set()
         config = self.config = resolve_secrets(config, os.environ)
         self.tracer: Tracer = tracer or build_tracer(config.tracing)
         self.metrics = RouterMetrics()
@@ -81,6 +101,7 @@ class RelayWorker:
             lambda: RouterUnavailable.not_admitting(UNREACHABLE)
         )
         core.on_readiness = self._readiness_changed
+        core.on_engines = self._engines_changed
         core.families = lambda: families_of(self.metrics.registry)
         metrics = self.metrics
         core.tally = lambda: metrics.counted
@@ -168,6 +189,49 @@ class RelayWorker:
         await self.session.close()
         await self.pool.close()
         await asyncio.to_thread(self.tracer.close)
+
+    def reload_signalled(self) -> None:
+        """SIGHUP: read the file again in the background (the log says how it went)."""
+        task = asyncio.create_task(self._reload(), name="narwhal-worker-reload")
+        self._reloading.add(task)
+        task.add_done_callback(self._reloading.discard)
+
+    async def _reload(self) -> None:
+        if self._source is None:
+            return
+        try:
+            config = await asyncio.to_thread(self._source, self.config)
+        except ConfigError as e:
+            # The decision process logs each problem and keeps its configuration: so do we.
+            log.info("relay worker: configuration not reloaded (%d problem(s))", len(e.problems))
+            return
+        self.apply(resolve_secrets(config, os.environ))
+
+    def apply(self, config: Config) -> None:
+        """Serve by `config` from now on: what can change live, and a connection for each
+        engine added or replaced (the decision process refuses what needs a restart)."""
+        if compare(self.config, config).restart:
+            return
+        for engine in config.engines:
+            known = self.clients.get(engine.name)
+            if known is None or known.engine != engine:
+                self.clients[engine.name] = EngineClient(
+                    engine,
+                    self.pool,
+                    forward_client_authorization=config.forwards_client_authorization(engine),
+                )
+        self.config = config
+        self.dispatcher.reconfigure(config)
+        self.front.reconfigure(config)
+        self.gate.wait_timeout_s = config.admission.wait_timeout_s
+        log.info("relay worker: configuration reloaded")
+
+    def _engines_changed(self, names: tuple[str, ...]) -> None:
+        """The decision process's fleet names an engine this worker has no connection
+        for (a reload there, by `POST /admin/reload`): read the file again now, well
+        before the decision process has profiled the engine and places on it."""
+        if any(name not in self.clients for name in names):
+            self.reload_signalled()
 
     def _readiness_changed(self, reason: str | None) -> None:
         """The decision process stopped admitting (or has no engine): who waits here in

@@ -214,7 +214,9 @@ async def serve_forever(
     try:
         if role == "worker":
             assert runtime_dir is not None
-            worker = RelayWorker(config, core_socket_in(runtime_dir), admin_socket_in(runtime_dir))
+            worker = RelayWorker(
+                config, core_socket_in(runtime_dir), admin_socket_in(runtime_dir), source=source
+            )
             await _serve(worker, config, sockets=sockets, tls=tls, announce=False)
         else:
             await _serve(Router(config, source=source), config, sockets=sockets, tls=tls)
@@ -235,10 +237,10 @@ async def _serve(
     """Run `owner`'s application on `sockets` (or on the Unix socket `unix_site`: the
     decision process's, which only its relay workers reach) until the shutdown's end."""
     loop = asyncio.get_running_loop()
-    # From the start: SIGHUP's default action would end the process while it starts. A
-    # relay worker has nothing to reload: the decision process reloads for the router.
+    # From the start: SIGHUP's default action would end the process while it starts.
     loop.add_signal_handler(
-        signal.SIGHUP, owner.reloader.signalled if isinstance(owner, Router) else _ignored
+        signal.SIGHUP,
+        owner.reloader.signalled if isinstance(owner, Router) else owner.reload_signalled,
     )
     # handler_cancellation: a client that disconnects cancels its handler at once, so the
     # upstream request is cancelled too instead of running on for nobody.
@@ -294,10 +296,6 @@ def listening_url(serving: ServingConfig, port: int, tls: bool) -> str:
     host = serving.host
     shown = f"[{host}]" if ":" in host else host
     return f"{scheme}://{shown}:{port}"
-
-
-def _ignored() -> None:
-    log.info("SIGHUP: a relay worker has nothing to reload (the decision process reloads)")
 
 
 def _bound_port(runner: web.AppRunner) -> int:

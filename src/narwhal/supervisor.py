@@ -20,7 +20,8 @@ dead decision process stops admission, the workers answering 503 until it is bac
 their streams run on). One that exits before the router was first announced ends the
 start: everything stops, with its exit status (a configuration error says why itself).
 SIGTERM and SIGINT go to every process, which shut down as a single router does;
-SIGHUP goes to the decision process, which reloads the file for the router.
+SIGHUP too: the decision process reloads the file for the router (and answers for it),
+each worker takes what it needs of it (limits, a connection to each engine added).
 """
 
 from __future__ import annotations
@@ -199,9 +200,7 @@ class _Supervisor:
         self._signal_all(signum)
 
     def _reload(self, signum: int, frame: FrameType | None) -> None:
-        proc = self._decision.proc
-        if proc is not None and proc.poll() is None:
-            proc.send_signal(signal.SIGHUP)
+        self._signal_all(signal.SIGHUP)
 
     def _signal_all(self, signum: int) -> None:
         for child in self._children:

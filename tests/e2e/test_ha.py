@@ -115,6 +115,7 @@ class Fleet:
         name: str,
         via_proxy: bool = False,
         admission: dict[str, Any] | None = None,
+        serving: dict[str, Any] | None = None,
         **ha: Any,
     ) -> NarwhalProcess:
         etcd_url = self.etcd.url
@@ -124,6 +125,8 @@ class Fleet:
             etcd_url = proxy.url
         config = ha_config(self.engine.url, etcd_url, self.key, id=name, **ha)
         config["admission"].update(admission or {})
+        if serving is not None:
+            config["serving"] = serving
         router = self.stack.enter_context(router_process(config))
         self.routers[name] = router
         return router
@@ -374,6 +377,33 @@ def test_losing_etcd_fences_every_router_and_they_recover_by_themselves(tmp_path
         f.etcd.start()
         leader = f.wait_for_one_active(within=BOUND + 10)
         status, _, _ = post(f.routers[leader].url + "/v1/chat/completions", chat())
+        assert status == 200
+
+
+def test_fencing_stops_admission_in_every_relay_worker(tmp_path: Path) -> None:
+    """With `serving.workers: 2` the decision process holds the lease: fenced, it refuses
+    every offer, whichever worker takes the connection (each request here is a new
+    connection, which the kernel spreads over the workers)."""
+    with fleet(tmp_path) as f:
+        router = f.start_router("a", serving={"workers": 2})
+        f.wait_for_one_active()
+        ids = set()
+        for _ in range(12):
+            status, _, headers = post(router.url + "/v1/chat/completions", chat())
+            assert status == 200
+            ids.add(headers["X-Request-Id"][:16])  # a process's own prefix
+        assert len(ids) == 2, "both workers answered"
+        f.etcd.stop()
+        wait_until(lambda: (ready(router) or {}).get("reason") == "fenced", BOUND + 2, "fenced")
+        refused = set()
+        for _ in range(12):
+            status, body, headers = post(router.url + "/v1/chat/completions", chat())
+            assert status == 503 and body["error"]["code"] == "router_unavailable"
+            refused.add(headers["X-Request-Id"][:16])
+        assert len(refused) == 2, "both workers refused"
+        f.etcd.start()
+        f.wait_for_one_active(within=BOUND + 10)
+        status, _, _ = post(router.url + "/v1/chat/completions", chat())
         assert status == 200
 
 

@@ -22,9 +22,9 @@ from typing import Any
 import aiohttp
 import pytest
 
-from tests.e2e.conftest import Start, chat, send, settle, sim_process
+from tests.e2e.conftest import Start, chat, metrics_of, send, settle, sim_process
 from tests.e2e.test_fleet import config_for, engine
-from tests.processes import NarwhalProcess, router_process
+from tests.processes import NarwhalProcess, router_process, write_router_config
 
 TOKEN = "admin-secret"
 
@@ -182,3 +182,39 @@ def _gone(pid: int) -> bool:
             return f.read().rsplit(")", 1)[1].split()[0] == "Z"
     except OSError:
         return True
+
+
+async def test_a_reload_through_any_worker_adds_an_engine_every_worker_serves(
+    start: Start, tmp_path: Path
+) -> None:
+    """`POST /admin/reload` reaches the decision process through a worker; the engine it
+    adds is placed on only once the workers can reach it (each reads the file again when
+    the decision process's fleet names an engine it does not know)."""
+    first = start(sim_process("--time-scale", "0"))
+    second = start(sim_process("--time-scale", "0"))
+    path = tmp_path / "narwhal.yaml"
+    config = config_for([engine("a", first)], admission={"mode": "open"})
+    config["serving"] = {"workers": 2, "admin_token": TOKEN}
+    router = start(router_process(config, config_path=path))
+    config["engines"] = [engine("a", first), engine("b", second)]
+    write_router_config(path, config)
+    headers = {"Authorization": f"Bearer {TOKEN}"}
+    async with aiohttp.ClientSession() as session:
+        async with session.post(router.url + "/admin/reload", headers=headers) as resp:
+            assert resp.status == 200
+            assert any("engine b added" in c for c in (await resp.json())["changes"])
+
+    def on_b(values: dict[str, float]) -> float:
+        return values.get('narwhal_ttft_seconds_count{engine="b"}', 0.0)
+
+    loop = asyncio.get_running_loop()
+    end = loop.time() + 30
+    while True:
+        replies = await asyncio.gather(
+            *(send(router.url, chat(f"n {n}", max_tokens=4)) for n in range(16))
+        )
+        assert [r.status for r in replies] == [200] * 16  # never placed where unreachable
+        if on_b(await metrics_of(router.url)) >= 8:
+            break
+        assert loop.time() < end, "the added engine took no work"
+        await asyncio.sleep(0.2)

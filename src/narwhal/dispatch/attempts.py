@@ -301,6 +301,12 @@ class Dispatcher:
         serve the request. Whatever the end, the attempt's engine stream is closed and
         its buffers released before this returns (a lease keeps its stream open)."""
         request_id = context.request_id
+        unknown = next((name for name in placed.engines if name not in self._clients), None)
+        if unknown is not None:
+            # A relay worker placed on an engine the decision process added a moment ago,
+            # before this process read the file that names it: elsewhere, as a failure.
+            message = f"engine {unknown} is not yet known to this relay worker"
+            return _Failed(unknown, message, OutputSummary(0, True, False, None))
         client = self._clients[placed.decode]
         engine = self.core.capabilities(placed.decode)  # as the fleet monitor resolved them
         # (An echo of token IDs is sent without asking for IDs: echo.py.)

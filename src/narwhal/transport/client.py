@@ -76,8 +76,10 @@ class RemoteCore:
         self._connected = asyncio.Event()
         self.on_wakeups: Callable[[Wakeups], None] = lambda wakeups: None
         self.on_lost: Callable[[], None] = lambda: None
-        # Told the view's readiness each time it changes (None: admitting).
+        # Told the view's readiness each time it changes (None: admitting), and the fleet's
+        # engine names each time they change.
         self.on_readiness: Callable[[str | None], None] = lambda reason: None
+        self.on_engines: Callable[[tuple[str, ...]], None] = lambda names: None
         # This worker's metrics as plain values, sent when the decision process asks, and
         # every PUSH_EVERY_S when `tally()` (what it has counted: requests offered and
         # ended) moved, so that a worker killed outright leaves at most that much uncounted.
@@ -154,6 +156,9 @@ class RemoteCore:
                 self._connected.set()
                 if before is None or before.readiness != view.readiness:
                     self.on_readiness(view.readiness)
+                names = tuple(name for name, _ in view.capabilities)
+                if before is None or names != tuple(name for name, _ in before.capabilities):
+                    self.on_engines(names)
             else:
                 raise FrameError(f"a frame of an unknown kind or shape: {kind!r}")
 
