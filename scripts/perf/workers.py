@@ -102,7 +102,7 @@ def main() -> int:
                 procs.stop(router)
                 rate = harness.median([float(r.summary["requests_per_s"]) for r in runs])
                 cpu = harness.median([r.cpu_ms_per_request(router.name) for r in runs])
-                ttft = harness.median([r.ms("ttft", "p50") for r in runs])
+                ttft = harness.median([r.ms("ttft_s", "p50") for r in runs])
                 errors = sum(r.errors for r in runs)
                 rows.append(
                     [

@@ -41,7 +41,7 @@ from narwhal.decision.messages import (
 from narwhal.errors import RouterUnavailable
 from narwhal.observability.merged import Family
 from narwhal.protocol.dialects import DialectCapabilities
-from narwhal.transport.frames import FrameError, encode, read_frame
+from narwhal.transport.frames import FrameError, FrameWriter, frames_from
 from narwhal.transport.view import FleetView
 
 log = logging.getLogger("narwhal.transport")
@@ -68,7 +68,7 @@ class RemoteCore:
         self._path = path
         self._default_capabilities = default_capabilities
         self._call_timeout_s = call_timeout_s
-        self._writer: asyncio.StreamWriter | None = None
+        self._writer: FrameWriter | None = None
         self._view: FleetView | None = None
         self._calls: dict[int, tuple[asyncio.Future[Answer], str]] = {}  # by call number
         self._numbers = itertools.count(1)
@@ -120,7 +120,7 @@ class RemoteCore:
                 await asyncio.sleep(_RETRY_S[min(failures, len(_RETRY_S) - 1)])
                 failures += 1
                 continue
-            self._writer = writer
+            self._writer = FrameWriter(writer)
             self._pushed = None
             pusher = asyncio.create_task(self._push_counts(), name="narwhal-push-counts")
             try:
@@ -135,10 +135,7 @@ class RemoteCore:
             log.warning("the decision process went away: refusing until it is back")
 
     async def _read(self, reader: asyncio.StreamReader) -> None:
-        while True:
-            frame = await read_frame(reader)
-            if frame is None:
-                return
+        async for frame in frames_from(reader):
             kind = frame[0]
             if kind == "answer" and len(frame) == 3:
                 call = self._calls.pop(frame[1], None)
@@ -188,9 +185,9 @@ class RemoteCore:
 
     def _send(self, frame: tuple[Any, ...]) -> bool:
         writer = self._writer
-        if writer is None or self._view is None or writer.is_closing():
+        if writer is None or self._view is None or writer.closing:
             return False
-        writer.write(encode(frame))
+        writer.send(frame)
         return True
 
     async def _call(self, kind: str, request_id: str, message: object) -> tuple[Answer, Wakeups]:

@@ -36,7 +36,7 @@ from typing import Any, Final
 from narwhal.decision.core import DecisionCore
 from narwhal.decision.messages import Finished, Wakeups
 from narwhal.observability.merged import MergedRegistry
-from narwhal.transport.frames import FrameError, encode, read_frame
+from narwhal.transport.frames import FrameError, FrameWriter, frames_from
 from narwhal.transport.view import VIEW_EVERY_S, FleetView, view_of
 
 log = logging.getLogger("narwhal.transport")
@@ -52,22 +52,23 @@ _EVENTS: Final = frozenset({"prefill_done", "first_token", "finished", "reconsid
 
 
 class _Link:
-    __slots__ = ("name", "owned", "scraped", "writer")
+    __slots__ = ("frames", "name", "owned", "scraped", "writer")
 
     def __init__(self, name: str, writer: asyncio.StreamWriter) -> None:
         self.name = name
         self.writer = writer
+        self.frames = FrameWriter(writer)
         self.owned: set[str] = set()  # the requests it offered and has not finished
         self.scraped: dict[int, asyncio.Future[None]] = {}  # scrapes it has not answered
 
     def send(self, frame: tuple[Any, ...]) -> None:
-        writer = self.writer
-        if writer.is_closing():
+        frames = self.frames
+        if frames.closing:
             return
-        writer.write(encode(frame))
-        if writer.transport.get_write_buffer_size() > MAX_UNSENT_BYTES:
+        frames.send(frame)
+        if frames.unsent_bytes() > MAX_UNSENT_BYTES:
             log.error("relay worker %s reads nothing it is sent: cut off", self.name)
-            writer.transport.abort()
+            self.writer.transport.abort()
 
 
 class CoreServer:
@@ -165,10 +166,7 @@ class CoreServer:
         log.info("relay worker %s connected", link.name)
         try:
             link.send(("view", self._current_view()))
-            while True:
-                frame = await read_frame(reader)
-                if frame is None:
-                    break
+            async for frame in frames_from(reader):
                 self._handle(link, frame)
         except (FrameError, ConnectionError) as e:
             log.error("relay worker %s: the connection failed: %s", link.name, e)
