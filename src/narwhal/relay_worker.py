@@ -105,17 +105,10 @@ class RelayWorker:
         core.families = lambda: families_of(self.metrics.registry)
         metrics = self.metrics
         core.tally = lambda: metrics.counted
-        self.drain.subscribe(
-            lambda: gate.refuse_waiting(
-                lambda: RouterUnavailable("This router is shutting down (drain deadline).")
-            )
-        )
+        gate.refuse_at(self.drain)
         self.pool = UpstreamPool(connect_timeout=5.0, idle_timeout=30.0)
         self.clients: dict[str, EngineClient] = {
-            e.name: EngineClient(
-                e, self.pool, forward_client_authorization=config.forwards_client_authorization(e)
-            )
-            for e in config.engines
+            e.name: EngineClient.configured(e, self.pool, config) for e in config.engines
         }
         self.session = SharedSession()
         self.sizer = WorkloadSizer(
@@ -214,12 +207,8 @@ class RelayWorker:
             return
         for engine in config.engines:
             known = self.clients.get(engine.name)
-            if known is None or known.engine != engine:
-                self.clients[engine.name] = EngineClient(
-                    engine,
-                    self.pool,
-                    forward_client_authorization=config.forwards_client_authorization(engine),
-                )
+            if known is None or not known.serves(engine, config):
+                self.clients[engine.name] = EngineClient.configured(engine, self.pool, config)
         self.config = config
         self.dispatcher.reconfigure(config)
         self.front.reconfigure(config)

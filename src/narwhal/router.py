@@ -53,7 +53,6 @@ from narwhal.dispatch.gate import AdmissionGate
 from narwhal.engines.client import EngineClient
 from narwhal.engines.session import SharedSession
 from narwhal.engines.upstream import UpstreamPool
-from narwhal.errors import RouterUnavailable
 from narwhal.fleet.monitor import FleetMonitor
 from narwhal.ha.election import Timing
 from narwhal.ha.etcd import EtcdClient, EtcdError, EtcdUnavailable
@@ -192,19 +191,10 @@ class Router:
         self.gate = AdmissionGate(core, self.metrics, wait_timeout_s=admission.wait_timeout_s)
         for entry in self.registry.entries.values():
             self.gate.watch_engine(entry)
-        # At the drain deadline, a request still waiting for a slot is refused like one
-        # arriving now (a retry may be waiting: the first attempt failed during the drain).
-        self.drain.subscribe(
-            lambda: self.gate.refuse_waiting(
-                lambda: RouterUnavailable("This router is shutting down (drain deadline).")
-            )
-        )
+        self.gate.refuse_at(self.drain)
         self.pool = UpstreamPool(connect_timeout=5.0, idle_timeout=30.0)
         self.clients: dict[str, EngineClient] = {
-            e.name: EngineClient(
-                e, self.pool, forward_client_authorization=config.forwards_client_authorization(e)
-            )
-            for e in config.engines
+            e.name: EngineClient.configured(e, self.pool, config) for e in config.engines
         }
         # The one session of the side calls (probes, scrapes, tokenize, etcd): every
         # component gets it now, and it opens when the router starts.

@@ -46,8 +46,9 @@ from narwhal.decision.messages import (
     Refused,
     Wakeups,
 )
-from narwhal.errors import CapacityRejected, TerminalExpiry
+from narwhal.errors import CapacityRejected, RouterUnavailable, TerminalExpiry
 from narwhal.observability.metrics import RouterMetrics
+from narwhal.ops.drain import Drain
 from narwhal.scheduler.registry import EngineEntry
 
 # How stale the core's view of decoding requests' output may be (what its decode books
@@ -226,6 +227,16 @@ class AdmissionGate:
         for future in list(self._waiters.values()):
             if not future.done():
                 future.set_exception(error())
+
+    def refuse_at(self, drain: Drain) -> None:
+        """At the shutdown's drain deadline, a request still waiting for a slot is refused
+        like one arriving now (a retry may be waiting: its first attempt failed during the
+        drain)."""
+        drain.subscribe(
+            lambda: self.refuse_waiting(
+                lambda: RouterUnavailable("This router is shutting down (drain deadline).")
+            )
+        )
 
     def reconsider(self, monitoring_degraded: bool | None = None) -> None:
         """Engines came or went, or limits changed: place or fail the waiting requests

@@ -36,7 +36,7 @@ from typing import Any
 
 import msgspec
 
-from narwhal.config import EngineConfig
+from narwhal.config import Config, EngineConfig
 from narwhal.engines.upstream import UpstreamPool, UpstreamResponse
 from narwhal.errors import InvalidRequest, UpstreamError
 from narwhal.protocol.events import EngineOutputError, engine_error
@@ -79,6 +79,19 @@ class EngineClient:
         self._pool = pool
         self._forward = forward_client_authorization
         self._refusals = 0  # credential refusals in a row: the first is logged
+
+    @classmethod
+    def configured(cls, engine: EngineConfig, pool: UpstreamPool, config: Config) -> EngineClient:
+        """The engine's client as `config` has it (whether the client's Authorization goes
+        to it: its own key, else `fleet.forward_client_authorization`)."""
+        forwards = config.forwards_client_authorization(engine)
+        return cls(engine, pool, forward_client_authorization=forwards)
+
+    def serves(self, engine: EngineConfig, config: Config) -> bool:
+        """Whether this client is what `config` wants for `engine` (else: a new one)."""
+        return self.engine == engine and self._forward == config.forwards_client_authorization(
+            engine
+        )
 
     async def post_json(
         self,

@@ -158,11 +158,7 @@ class FleetMembership:
         self._registry.invalidate()
 
     def _client(self, engine: EngineConfig, config: Config) -> EngineClient:
-        return EngineClient(
-            engine,
-            self._pool,
-            forward_client_authorization=config.forwards_client_authorization(engine),
-        )
+        return EngineClient.configured(engine, self._pool, config)
 
     async def _reap(self) -> None:
         """Release each removed engine once its last request has ended."""
