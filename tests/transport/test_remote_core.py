@@ -183,21 +183,24 @@ async def test_requests_queued_when_the_decision_process_goes_get_503(
     await core.close()
 
 
-async def test_the_view_follows_the_routers_state_and_fencing_refuses_at_the_core(
+async def test_the_routers_state_is_the_cores_at_each_offer_and_the_view_follows_it(
     decision: Decision,
 ) -> None:
     core, gate = await worker(decision.path)
+    seen: list[str | None] = []
+    core.on_readiness = seen.append
     assert core.readiness() is None
     assert core.capabilities("e0") == capabilities("vllm")
     decision.brain.state.set("ha", "fenced", "the lease could not be renewed")
-    await eventually(lambda: core.readiness() == "fenced")
-    with pytest.raises(RouterUnavailable):  # refused by the core itself, view or not
+    with pytest.raises(RouterUnavailable):  # refused by the core at once, whatever the view
         await decided(gate, "a-1")
     gate.release("a-1")
+    await eventually(lambda: seen == ["fenced"])  # the view follows (queued requests: 503)
     decision.brain.state.set("ha", None)
-    await eventually(lambda: core.readiness() is None)
+    # Active again: the next offer is admitted at once, before any view says so.
     assert isinstance(await decided(gate, "a-2"), Placed)
     gate.release("a-2")
+    await eventually(lambda: seen == ["fenced", None])
     await core.close()
 
 

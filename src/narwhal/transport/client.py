@@ -9,9 +9,11 @@ A worker never admits on its own. Until it has the decision process's first view
 whenever the connection is down, `readiness()` says `decision_unreachable` (the 503 the
 attempt runner answers), a call answers `Refused` with that 503, and `on_lost()` is told
 so that the requests waiting in the queue get it too; the client reconnects with
-backoff meanwhile. Streams already placed keep running: they need nothing from here, and
-what they report while the link is down is dropped, since the decision process that
-would take it has released them already (a restarted one starts empty).
+backoff meanwhile. Connected, every offer is the decision process's to refuse: its state
+is read there first, so a worker never refuses on a view a moment old. Streams already
+placed keep running: they need nothing from here, and what they report while the link
+is down is dropped, since the decision process that would take it has released them
+already (a restarted one starts empty).
 """
 
 from __future__ import annotations
@@ -236,8 +238,10 @@ class RemoteCore:
         return NO_WAKEUPS
 
     def readiness(self) -> str | None:
-        view = self._view
-        return UNREACHABLE if view is None else view.readiness
+        """`decision_unreachable` without the decision process, else None: whether the
+        router admits is the decision process's to say at each offer (its state is read
+        there first), since the view may be a moment behind (just active again, say)."""
+        return UNREACHABLE if self._view is None else None
 
     def max_model_len(self) -> int | None:
         view = self._view
