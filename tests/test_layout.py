@@ -26,7 +26,8 @@ ROOT_MODULES = frozenset(
         "__init__",
         "__main__",
         "cli",  # the command line
-        "serve",  # `narwhal serve`: process, signals, listeners
+        "serve",  # `narwhal serve`: the command line and the configuration it starts from
+        "serving",  # one router process on its event loop: listeners, signals, shutdown
         "check_config",  # `narwhal check-config`
         "router",  # the composition root
         "relay_worker",  # a relay worker's composition root (Step 16)

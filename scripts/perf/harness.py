@@ -180,21 +180,22 @@ _TCP_WATCHED = ("ListenOverflows", "ListenDrops", "TCPTimeouts")
 
 
 def peak_rss_mib(pid: int) -> float:
-    """VmHWM of pid in MiB (0 when the process is gone)."""
+    """VmHWM of pid and its live descendants in MiB, summed (a router with relay workers
+    is several processes; a bound on their peak together); 0 when they are gone."""
+    return sum(_status_mib(each, "VmHWM:") for each in _descendants(pid))
+
+
+def _status_mib(pid: int, field: str) -> float:
     with contextlib.suppress(OSError), open(f"/proc/{pid}/status") as f:
         for line in f:
-            if line.startswith("VmHWM:"):
+            if line.startswith(field):
                 return int(line.split()[1]) / 1024
     return 0.0
 
 
 def rss_mib(pid: int) -> float:
-    """Current VmRSS of pid in MiB."""
-    with contextlib.suppress(OSError), open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    return 0.0
+    """Current VmRSS of pid and its live descendants in MiB, summed."""
+    return sum(_status_mib(each, "VmRSS:") for each in _descendants(pid))
 
 
 # --- processes ------------------------------------------------------------------------

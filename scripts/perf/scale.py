@@ -1,4 +1,6 @@
-"""Concurrency scale: 100, 1,000 and 5,000 concurrent streams through one Narwhal process.
+"""Concurrency scale: 100, 1,000 and 5,000 concurrent streams through Narwhal (one process,
+or with `--workers N` its relay workers, their decision process and supervisor: CPU and
+peak RSS are then all of them, the RSS their peaks summed).
 
 For each level, a fresh simulated engine and a fresh router (so VmHWM is that level's
 peak) serve the same closed-loop load twice: straight to the engine ("direct"), then
@@ -24,6 +26,7 @@ concurrency was reached), the router's CPU per request and its peak RSS (VmHWM).
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -80,6 +83,10 @@ def run_level(procs: Processes, concurrency: int, args: argparse.Namespace) -> d
     config = harness.write_router_config(
         procs.log_dir / f"router-c{concurrency}.yaml", [EngineSpec("e0", sim.url)]
     )
+    if args.workers > 1:
+        written = json.loads(config.read_text())
+        written["serving"]["workers"] = args.workers
+        config.write_text(json.dumps(written))
     router = procs.router(f"narwhal-c{concurrency}", config)
     runs: dict[str, BenchRun] = {}
     for target in ("direct", "narwhal"):
@@ -152,6 +159,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument(
         "--duration", type=float, default=240, help="per run: stop starting requests after S s"
+    )
+    parser.add_argument(
+        "--workers", type=int, default=1, help="serving.workers (RSS and CPU: every process)"
     )
     parser.add_argument("--json", metavar="OUT", help="write every raw result here")
     parser.add_argument("--keep-logs", action="store_true", help="keep process logs")

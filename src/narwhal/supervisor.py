@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 from types import FrameType
 from typing import Final
 
-from narwhal.api.listen import bind_sockets
+from narwhal.api.listen import bind_sockets, listening_url
 from narwhal.config import Config
 from narwhal.observability.logs import announcement
 
@@ -178,9 +178,7 @@ class _Supervisor:
 
     def _announce(self) -> None:
         config = self._config
-        from narwhal.serve import listening_url
-
-        url = listening_url(config.serving, self._port, config.serving.tls_cert is not None)
+        url = listening_url(config.serving.host, self._port, config.serving.tls_cert is not None)
         log.info(
             "relay workers: %d, under one decision process (serving.workers)",
             len(self._workers),

@@ -18,7 +18,7 @@ def test_the_router_does_not_import_opentelemetry_unless_asked() -> None:
         "import sys\n"
         "from narwhal.config import Config, EngineConfig\n"
         "from narwhal.router import Router\n"
-        "import narwhal.serve\n"
+        "import narwhal.serve, narwhal.serving\n"
         "Router(Config(model='m', engines=(EngineConfig(name='e', url='http://127.0.0.1:9'),)))\n"
         "print(sorted(m for m in sys.modules if m.startswith('opentelemetry')))\n"
     )

@@ -67,3 +67,10 @@ def _reason(error: OSError) -> str:
     """ "address already in use", as the C library says it, in lower case."""
     text = error.strerror or str(error) or type(error).__name__
     return text[:1].lower() + text[1:]
+
+
+def listening_url(host: str, port: int, tls: bool) -> str:
+    """The URL clients reach the router at (an IPv6 host in brackets)."""
+    scheme = "https" if tls else "http"
+    shown = f"[{host}]" if ":" in host else host
+    return f"{scheme}://{shown}:{port}"
