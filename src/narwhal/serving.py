@@ -15,7 +15,7 @@ import os
 import signal
 import socket
 import ssl
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 
 import prometheus_client
@@ -108,7 +108,7 @@ async def _serve(
     owner: Router | RelayWorker,
     config: Config,
     *,
-    sockets: list[socket.socket] = (),  # type: ignore[assignment]
+    sockets: Sequence[socket.socket] = (),
     tls: ssl.SSLContext | None = None,
     unix_site: str | None = None,
     announce: bool = True,

@@ -38,6 +38,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import FrameType
 from typing import Final
@@ -147,12 +148,12 @@ class _Supervisor:
             child.restarts += 1
             self._start(child)
 
-    def _wait_for(self, ready: object) -> int | None:
+    def _wait_for(self, ready: Callable[[], bool]) -> int | None:
         """Until `ready()` or START_WAIT_S; the exit status of a child that ended first
         (or 2 when the wait ran out), None when ready or stopping."""
         deadline = time.monotonic() + START_WAIT_S
         while not self._stopping:
-            if ready():  # type: ignore[operator]
+            if ready():
                 return None
             for child in self._children:
                 if child.proc is not None and child.proc.poll() is not None:
