@@ -83,19 +83,14 @@ class MergedRegistry:
 
     def collect(self) -> Iterator[Metric]:
         own = {metric.name: metric for metric in self._own.collect()}
-        workers = [f for families in self._workers.values() for f in families]
-        names = list(own)
-        seen = set(names)
-        for name, *_ in workers:
-            if name not in seen:
-                seen.add(name)
-                names.append(name)
-        for name in self._retired:
-            if name not in seen:
-                seen.add(name)
-                names.append(name)
+        workers: dict[str, list[Family]] = {}
+        for families in self._workers.values():
+            for family in families:
+                workers.setdefault(family[0], []).append(family)
+        # The decision process's families in its order, then those only workers have.
+        names = dict.fromkeys([*own, *workers, *self._retired])
         for name in names:
-            yield self._merged(name, own.get(name), [f for f in workers if f[0] == name])
+            yield self._merged(name, own.get(name), workers.get(name, []))
 
     def _merged(self, name: str, own: Metric | None, workers: Sequence[Family]) -> Metric:
         kind, documentation = (
@@ -125,8 +120,14 @@ class MergedRegistry:
 
 
 def _offered(families: Iterable[Family]) -> float:
-    return sum(v for n, _, _, samples in families if n == _OFFERED for _, _, v in samples)
+    return _total(families, _OFFERED)
 
 
 def _ended(families: Iterable[Family]) -> float:
-    return sum(v for n, _, _, samples in families if n == _OUTCOMES for _, _, v in samples)
+    return _total(families, _OUTCOMES)
+
+
+def _total(families: Iterable[Family], name: str) -> float:
+    """The counter's count: its `_total` samples (not `_created`, where they are kept)."""
+    total = f"{name}_total"
+    return sum(v for n, _, _, samples in families if n == name for s, _, v in samples if s == total)
